@@ -1,0 +1,181 @@
+"""The draft side as an interface: who proposes the next block of tokens.
+
+A :class:`Drafter` proposes up to ``k`` tokens after the current sequence together with the
+distributions they were drawn from (one-hot for deterministic drafters), so every method can
+verify them with the same rules. Registered drafters:
+
+* ``model`` — an independent small model (the pair's draft).
+* ``ngram`` — prompt lookup: copy the continuation of the latest earlier match of the last
+  n tokens (no neural cost; Saxena 2023 / transformers' prompt lookup decoding).
+* ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
+  SWIFT; registered by :mod:`viasd.models.routing`.
+
+How an EAGLE-style feature-level head plugs in: implement ``propose`` by running the head on
+the target's last hidden states (kept by a target :class:`~viasd.decoding.cache.Stream` that
+returns hidden states) and return its tokens and distributions; nothing in the methods changes.
+
+Draft-length policies (:class:`LengthPolicy`): ``constant``; ``heuristic`` (+2 after a fully
+accepted block, −1 otherwise, as transformers does); ``confidence`` (stop drafting once the
+draft's top probability falls below ``min_confidence``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from viasd.config import GenerationConfig
+from viasd.decoding.cache import ModelStats, Stream
+from viasd.decoding.sampling import confidence, probs_from_logits, sample
+from viasd.errors import ConfigError
+from viasd.registry import Registry
+
+DRAFTERS: Registry = Registry("drafter")
+
+
+@dataclass
+class DrafterConfig:
+    """Which drafter proposes tokens, and its options."""
+
+    name: str = "model"
+    ngram_max: int = 3  # ngram: longest suffix to match
+    ngram_min: int = 1  # ngram: shortest suffix to match
+    layers: list[int] | None = None  # self: kept target layers (None: the pair's default)
+    length_policy: str = "constant"  # constant | heuristic | confidence
+    min_confidence: float = 0.4  # confidence policy threshold
+    max_gamma: int = 16  # heuristic policy cap
+
+
+class Drafter:
+    """Base drafter. Subclasses implement :meth:`propose`."""
+
+    name = "base"
+
+    def propose(
+        self, seq: torch.Tensor, k: int, gen: GenerationConfig, rng: torch.Generator | None, min_confidence: float = 0.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Propose up to ``k`` tokens after ``seq``.
+
+        Args:
+            seq: ``LongTensor[1, L]`` the committed decoding sequence.
+            k: maximum number of tokens to propose (may be 0).
+            gen: sampling settings (the same processors as the verifier).
+            rng: random generator for sampling.
+            min_confidence: stop early once the top probability (temperature 1) is below it.
+
+        Returns:
+            ``(tokens, probs)``: ``LongTensor[k']`` and ``[k', V]`` with ``k' ≤ k``.
+        """
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, ModelStats]:
+        """Per-model statistics of the neural parts of this drafter."""
+        return {}
+
+
+class ModelDrafter(Drafter):
+    """Autoregressive drafting with a model (the pair's draft, or the routed target)."""
+
+    name = "model"
+
+    def __init__(self, model, prompt_ids: torch.Tensor, label: str = "draft"):
+        self.stream = Stream(model, prompt_ids, label)
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        cur = seq
+        for _ in range(k):
+            logits = self.stream.logits(cur)[0, -1]
+            if min_confidence > 0 and tokens and float(confidence(logits)) < min_confidence:
+                break
+            p = probs_from_logits(logits, gen)
+            x = sample(p, rng)
+            tokens.append(x)
+            probs.append(p)
+            cur = torch.cat([cur, x.view(1, 1)], dim=1)
+        if not tokens:
+            return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
+        return torch.stack(tokens), torch.stack(probs)
+
+    def stats(self):
+        return {self.stream.name: self.stream.stats}
+
+
+class NgramDrafter(Drafter):
+    """Prompt-lookup drafting: propose the tokens that followed the last n-gram's latest match."""
+
+    name = "ngram"
+
+    def __init__(self, vocab: int, ngram_max: int = 3, ngram_min: int = 1, context: torch.Tensor | None = None):
+        if not 1 <= ngram_min <= ngram_max:
+            raise ConfigError(f"ngram drafter needs 1 <= ngram_min <= ngram_max (got {ngram_min}, {ngram_max})")
+        self.vocab, self.ngram_max, self.ngram_min = vocab, ngram_max, ngram_min
+        # Encoder-decoder models: the prompt is not in the decoder sequence, so search it too.
+        self.context = context if context is not None else torch.zeros(0, dtype=torch.long)
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        s = torch.cat([self.context.to(seq.device), seq[0]])
+        L = s.shape[0]
+        found = s.new_zeros(0)
+        if k > 0:
+            for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
+                windows = s.unfold(0, n, 1)[:-1]  # all earlier n-grams (exclude the suffix itself)
+                hits = (windows == s[L - n:]).all(-1).nonzero()
+                if hits.numel():
+                    start = int(hits[-1, 0]) + n
+                    found = s[start:start + k]
+                    break
+        probs = torch.nn.functional.one_hot(found, self.vocab).float()
+        return found, probs
+
+
+def model_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
+    if pair.draft is None:
+        raise ConfigError(f"pair {pair.name!r} has no draft model; use method.drafter.name=ngram or self")
+    return ModelDrafter(pair.draft, prompt_ids, "draft")
+
+
+def ngram_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
+    vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+    context = prompt_ids[0] if pair.is_encoder_decoder else None
+    return NgramDrafter(vocab, cfg.ngram_max, cfg.ngram_min, context)
+
+
+DRAFTERS.register("model")(model_drafter)
+DRAFTERS.register("ngram")(ngram_drafter)
+
+
+def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
+    """Build the configured drafter for one prompt."""
+    import viasd.models.routing  # noqa: F401  (registers the ``self`` drafter)
+
+    return DRAFTERS.get(cfg.name)(pair, prompt_ids, cfg)
+
+
+class LengthPolicy:
+    """How many tokens to draft next round.
+
+    ``constant``: always ``gamma``. ``heuristic``: +2 after a fully accepted block, −1 (min 1)
+    otherwise (transformers' assisted generation). ``confidence``: ``gamma`` is a cap and the
+    drafter stops early when its confidence drops below ``min_confidence``.
+    """
+
+    KINDS = ("constant", "heuristic", "confidence")
+
+    def __init__(self, kind: str, gamma: int, min_confidence: float = 0.4, max_gamma: int = 16):
+        if kind not in self.KINDS:
+            raise ConfigError(f"unknown draft length policy {kind!r}; choose one of {', '.join(self.KINDS)}")
+        self.kind, self.gamma, self.max_gamma = kind, gamma, max(max_gamma, gamma)
+        self.min_confidence = min_confidence if kind == "confidence" else 0.0
+
+    def next(self, remaining: int) -> int:
+        """Draft length for the next round, never more than ``remaining − 1``."""
+        return max(0, min(self.gamma, remaining - 1))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Adapt after a round that drafted ``drafted`` and accepted ``accepted`` tokens."""
+        if self.kind == "heuristic" and drafted:
+            self.gamma = min(self.max_gamma, self.gamma + 2) if accepted == drafted else max(1, self.gamma - 1)

@@ -1,0 +1,98 @@
+"""``hf_assisted``: transformers' own ``generate(assistant_model=…)`` as an external reference.
+
+Runs the target's assisted generation with the pair's draft (constant ``γ`` schedule, no
+confidence stop) and counts forward calls and tokens with forward hooks (a public torch API),
+so its row in a benchmark table is comparable with ours. Per-token acceptance is not exposed
+by transformers: ``accepted`` is derived as ``new_tokens − target verification calls``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig as HFGenerationConfig
+
+from viasd.decoding.api import register_method
+from viasd.decoding.cache import ModelStats
+from viasd.decoding.result import Counters, DecodeResult
+from viasd.errors import ConfigError
+
+
+@dataclass
+class HFAssistedConfig:
+    """Assisted generation knobs: ``gamma`` assistant tokens per round (constant schedule)."""
+
+    gamma: int = 4
+
+    def validate(self) -> None:
+        if int(self.gamma) < 1:
+            raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
+
+
+def _count(model: torch.nn.Module, stats: ModelStats):
+    """Forward hooks accumulating calls, input tokens and seconds into ``stats``."""
+
+    def pre(_mod, args, kwargs):
+        stats.calls += 1
+        ids = kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
+        if ids is None and args:
+            ids = args[0]
+        stats.tokens += int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else 0
+        stats.seconds -= time.perf_counter()
+
+    def post(_mod, _args, _kwargs, _out):
+        stats.seconds += time.perf_counter()
+
+    return [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post, with_kwargs=True)]
+
+
+@register_method("hf_assisted", HFAssistedConfig, lossless=True, description="transformers assisted generation")
+def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResult:
+    """Assisted generation of one prompt ``[1, P]`` through ``transformers``."""
+    if pair.draft is None:
+        raise ConfigError(f"hf_assisted needs a draft model; pair {pair.name!r} has none")
+    eos = gen.eos_ids(pair)
+    hf_gen = HFGenerationConfig(
+        max_new_tokens=gen.max_new_tokens,
+        min_new_tokens=gen.max_new_tokens if gen.ignore_eos else 0,
+        do_sample=gen.temperature > 0,
+        temperature=gen.temperature if gen.temperature > 0 else None,
+        top_k=gen.top_k if gen.temperature > 0 else None,
+        top_p=gen.top_p if gen.temperature > 0 else None,
+        num_assistant_tokens=int(cfg.gamma),
+        num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+        eos_token_id=eos or None,
+        pad_token_id=pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0],
+        stop_strings=gen.stop_strings or None,
+        decoder_start_token_id=getattr(pair.target.config, "decoder_start_token_id", None),
+    )
+    stats = {"draft": ModelStats(), "target": ModelStats()}
+    hooks = _count(pair.draft, stats["draft"]) + _count(pair.target, stats["target"])
+    t0 = time.perf_counter()
+    try:
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+        with torch.inference_mode():
+            out = pair.target.generate(
+                input_ids=prompt_ids,
+                attention_mask=torch.ones_like(prompt_ids),
+                assistant_model=pair.draft,
+                generation_config=hf_gen,
+                tokenizer=pair.tokenizer if gen.stop_strings else None,
+            )
+    finally:
+        for h in hooks:
+            h.remove()
+    wall = time.perf_counter() - t0
+    skip = 1 if pair.is_encoder_decoder else prompt_ids.shape[1]
+    tokens = out[0, skip:].tolist()
+    c = Counters(rounds=stats["target"].calls)
+    c.drafted = stats["draft"].calls - (1 if pair.is_encoder_decoder else 0)
+    c.accepted = max(0, len(tokens) - c.rounds)
+    c.rejected = max(0, c.drafted - c.accepted)
+    if pair.is_encoder_decoder:  # the encoder call of each model is not a decoding step
+        c.rounds = max(0, c.rounds - 1)
+    stop = "eos" if tokens and tokens[-1] in set(eos) else "max_new_tokens"
+    return DecodeResult("hf_assisted", prompt_ids.shape[1], tokens, [], c, stats, wall, stop)

@@ -1,0 +1,64 @@
+"""``sd``: vanilla speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+Each round: the drafter proposes ``γ`` tokens with distributions ``p``; the target scores the
+block in one forward (``q`` at ``γ + 1`` positions); :func:`~viasd.decoding.rules.verify_block`
+accepts a prefix and adds a correction or bonus token. Lossless w.r.t. the target.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from viasd.config import to_dataclass
+from viasd.decoding.api import register_method
+from viasd.decoding.cache import Stream, start_sequence
+from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.decoding.rules import verify_block
+from viasd.decoding.sampling import probs_from_logits
+from viasd.errors import ConfigError
+
+
+@dataclass
+class SDConfig:
+    """Vanilla SD knobs: block length ``gamma`` and the drafter."""
+
+    gamma: int = 4
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+
+    def validate(self) -> None:
+        if not isinstance(self.drafter, DrafterConfig):
+            self.drafter = to_dataclass(DrafterConfig, self.drafter)
+        if int(self.gamma) < 1:
+            raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
+
+
+@register_method("sd", SDConfig, lossless=True, description="vanilla speculative decoding")
+def sd(pair, prompt_ids, cfg: SDConfig, gen, rng) -> DecodeResult:
+    """Speculative decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult`."""
+    t0 = time.perf_counter()
+    target = Stream(pair.target, prompt_ids, "target")
+    drafter = make_drafter(pair, prompt_ids, cfg.drafter)
+    policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
+    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
+    c, rounds = Counters(), []
+    while not out.done:
+        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
+        k = draft.shape[0]
+        q = probs_from_logits(target.logits(torch.cat([out.seq, draft.view(1, -1)], 1), last=k + 1)[0], gen)
+        n, token = verify_block(draft, p, q, rng)
+        emitted = out.commit(draft[:n].tolist() + [token])
+        policy.update(k, n)
+        c.rounds += 1
+        c.drafted += k
+        c.accepted += n
+        c.rejected += k - n
+        if emitted > n:
+            c.bonus += n == k
+            c.corrected += n < k
+        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted))
+    return DecodeResult("sd", prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
+                        time.perf_counter() - t0, out.stop_reason)

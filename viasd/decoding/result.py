@@ -1,0 +1,163 @@
+"""The one result type every method returns, and the committed-output bookkeeping.
+
+:class:`DecodeResult` carries tokens, per-round records, counters, per-model statistics and
+timings; derived metrics (rejection rate, mean accepted length, tokens per target call) are
+computed here once, the same way for every method. :class:`Output` holds the committed
+sequence and applies the stop rules (``max_new_tokens``, EOS, stop strings) for all methods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from viasd.config import GenerationConfig
+from viasd.decoding.cache import ModelStats
+
+
+@dataclass
+class Counters:
+    """Token counters of one decode.
+
+    ``drafted``/``accepted``/``rejected`` count draft tokens; ``bonus`` counts tokens emitted
+    after a fully accepted block; ``corrected`` counts verifier tokens emitted after a rejection.
+    ``tiers`` holds method-specific counters (e.g. VIA-SD's per-tier counts).
+    """
+
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    bonus: int = 0
+    corrected: int = 0
+    rounds: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, key: str, n: int = 1) -> None:
+        """Increment a method-specific counter."""
+        self.tiers[key] = self.tiers.get(key, 0) + n
+
+
+@dataclass
+class RoundRecord:
+    """One drafting/verification round: drafted and accepted counts and tokens emitted."""
+
+    drafted: int
+    accepted: int
+    emitted: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DecodeResult:
+    """What every decoding method returns for one prompt."""
+
+    method: str
+    prompt_len: int
+    tokens: list[int]
+    rounds: list[RoundRecord]
+    counters: Counters
+    models: dict[str, ModelStats]
+    wall_s: float
+    stop_reason: str
+    text: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def rejection_rate(self) -> float:
+        """``1 − accepted / drafted`` (NaN when nothing was drafted)."""
+        c = self.counters
+        return 1.0 - c.accepted / c.drafted if c.drafted else math.nan
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens emitted per round (Spec-Bench's τ; 1.0 for ``ar``)."""
+        return self.new_tokens / self.counters.rounds if self.counters.rounds else math.nan
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """New tokens per forward call of the full target model."""
+        t = self.models.get("target")
+        return self.new_tokens / t.calls if t and t.calls else math.nan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    def summary(self) -> dict[str, Any]:
+        """Flat dict of counters and derived metrics (JSON-serializable)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "new_tokens": self.new_tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+            "rejection_rate": self.rejection_rate,
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_target_call": self.tokens_per_target_call,
+            "stop_reason": self.stop_reason,
+        }
+        c = asdict(self.counters)
+        tiers = c.pop("tiers")
+        out.update(c)
+        out.update(tiers)
+        for name, s in self.models.items():
+            out[f"{name}_calls"] = s.calls
+            out[f"{name}_tokens"] = s.tokens
+            out[f"{name}_s"] = s.seconds
+        return out
+
+
+class Output:
+    """Committed tokens and stop rules shared by every method.
+
+    Args:
+        start: ``LongTensor[1, L0]`` the initial decoding sequence.
+        gen: generation settings (``max_new_tokens``, ``stop_strings``, ``ignore_eos``).
+        eos_ids: token ids that end generation (the EOS token is kept in the output, as
+            ``transformers.generate`` does).
+        tokenizer: needed only for stop strings.
+    """
+
+    def __init__(self, start: torch.Tensor, gen: GenerationConfig, eos_ids: list[int], tokenizer=None):
+        self.seq = start
+        self.start_len = start.shape[1]
+        self.gen = gen
+        self.eos = set(eos_ids)
+        self.tokenizer = tokenizer
+        self.new: list[int] = []
+        self.stop_reason = ""
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stop_reason)
+
+    @property
+    def remaining(self) -> int:
+        """How many tokens may still be emitted."""
+        return self.gen.max_new_tokens - len(self.new)
+
+    def commit(self, tokens: list[int]) -> int:
+        """Append ``tokens`` until a stop rule fires; returns how many were kept."""
+        kept = 0
+        for t in tokens:
+            if self.done:
+                break
+            self.new.append(int(t))
+            kept += 1
+            if int(t) in self.eos:
+                self.stop_reason = "eos"
+            elif len(self.new) >= self.gen.max_new_tokens:
+                self.stop_reason = "max_new_tokens"
+        if kept:
+            add = torch.tensor([self.new[-kept:]], dtype=self.seq.dtype, device=self.seq.device)
+            self.seq = torch.cat([self.seq, add], dim=1)
+        if not self.done and self.gen.stop_strings and self.tokenizer is not None:
+            tail = self.tokenizer.decode(self.new[-64:])
+            if any(s in tail for s in self.gen.stop_strings):
+                self.stop_reason = "stop_string"
+        return kept

@@ -1,0 +1,723 @@
+"""Build (distill) and cache the draft model of the embedded default pair.
+
+This module owns the project-built draft for SmolLM2-135M-Instruct: a small
+``LlamaForCausalLM`` that shares the target's tokenizer (vocab 49152), distilled on CPU in
+minutes against the target's own greedy continuations of task-like chat prompts.
+
+Recipe (every knob is a :class:`DraftBuildConfig` field):
+
+1. **Prompts** — task-like prompts (summarization, translation, math, QA, code, open
+   writing) built from the offline data folder, from rows that the evaluation slices are
+   unlikely to use (e.g. XSum rows 500+, WMT16 rather than WMT14, MBPP train/validation,
+   NQ EfficientQA), de-duplicated by a normalized-text fingerprint and split train/held-out
+   by a hash of that fingerprint, so held-out prompts share no text with training prompts.
+   Without the data folder: the built-in prompts of :data:`BUILTIN_PROMPTS`.
+2. **Teacher data** — the target greedily continues each chat-templated prompt (batched,
+   left-padded); for every continuation position the top-k target log-probs (full-vocab
+   log-softmax) are kept (sparse: int32 ids + fp16 values).
+3. **Draft** — ``layers`` × ``hidden`` Llama with tied embeddings initialized from the
+   target's embedding matrix projected on its top ``hidden`` principal directions.
+4. **Distillation** — teacher-forced on prompt + continuation (right padding, causal, no
+   mask needed), loss on continuation positions only: ``(1-h)·CE(top-k teacher ‖ draft) +
+   h·CE(teacher argmax)``, AdamW, warmup + cosine; fp32 (bf16 matmuls are ~80× slower on
+   CPUs without AVX512-BF16).
+5. **Report** — top-1 agreement with the target on held-out prompts, teacher-forced on the
+   target's greedy continuations.
+
+The result is cached in ``<cache_root>/drafts/<name>-<hash>/`` (hash of the config, the
+target's identity and the data source), written atomically with a verified manifest exactly
+like the converted target (see :mod:`viasd.models.smollm2`): a truncated or altered
+checkpoint is detected, deleted and rebuilt, never loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import math
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from viasd.models.smollm2 import (
+    atomic_publish,
+    file_lock,
+    read_manifest,
+    remove_broken,
+    verify_manifest,
+    write_manifest,
+)
+from viasd.paths import cache_dir, data_dir
+
+BUILD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DraftBuildConfig:
+    """How to build the draft. Every field except ``threads`` enters the cache key.
+
+    Architecture: ``layers`` decoder layers of width ``hidden`` with ``heads`` query heads,
+    ``kv_heads`` key/value heads and MLP width ``intermediate``; embeddings tied to the LM head.
+    Data: ``n_texts`` training prompts and ``n_heldout`` held-out prompts, each truncated to
+    ``prompt_tokens`` tokens of user content and greedily continued by the target for up to
+    ``gen_tokens`` tokens (in batches of ``gen_batch``); ``topk`` teacher log-probs are kept
+    per continuation position. Training: ``steps`` AdamW steps of ``batch`` sequences (at most
+    ``seq_len`` tokens each) at peak learning rate ``lr``; ``hard_weight`` mixes the
+    teacher-argmax CE into the soft top-k CE. ``seed`` fixes prompt selection, init and
+    batch order.
+    """
+
+    name: str = "smollm2-draft"
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 768
+    steps: int = 500
+    lr: float = 2e-3
+    seq_len: int = 320
+    batch: int = 16
+    seed: int = 0
+    n_texts: int = 384
+    n_heldout: int = 48
+    prompt_tokens: int = 192
+    gen_tokens: int = 64
+    gen_batch: int = 32
+    topk: int = 16
+    hard_weight: float = 0.5
+    warmup: float = 0.05
+    weight_decay: float = 0.01
+    init_from_target: bool = True
+    threads: int = 2
+
+    def key(self) -> dict:
+        """The fields that define the built artifact (everything but ``threads``)."""
+        d = dataclasses.asdict(self)
+        d.pop("threads")
+        return d
+
+
+# --------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------
+
+#: Built-in prompts (used when the offline data folder is absent, and always as open-ended
+#: "chat" prompts). Each is a (category, text) pair.
+BUILTIN_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("writing", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    ("writing", "Compose a friendly email inviting your colleagues to a team lunch on Friday."),
+    ("writing", "Write a haiku about autumn leaves and explain its imagery."),
+    ("writing", "Write a product description for a reusable water bottle."),
+    ("writing", "Draft a short speech for a high-school graduation ceremony."),
+    ("writing", "Write a limerick about a cat who loves to code."),
+    ("roleplay", "Pretend you are a tour guide in Rome. Describe the Colosseum to a group of visitors."),
+    ("roleplay", "You are a chef. Explain to a beginner how to make a simple tomato pasta sauce."),
+    ("roleplay", "Act as a job interviewer and ask me three questions for a software engineer role."),
+    ("stem", "Explain how photosynthesis works in simple terms."),
+    ("stem", "What is the difference between a virus and a bacterium?"),
+    ("stem", "Explain Newton's three laws of motion with everyday examples."),
+    ("stem", "Why is the sky blue? Give a short scientific explanation."),
+    ("stem", "What causes the seasons on Earth?"),
+    ("stem", "Describe the water cycle step by step."),
+    ("humanities", "Summarize the main causes of the First World War."),
+    ("humanities", "What were the main achievements of the Roman Empire?"),
+    ("humanities", "Explain what democracy means and name two kinds of democracy."),
+    ("humanities", "Who was Leonardo da Vinci and why is he famous?"),
+    ("reasoning", "If all bloops are razzies and all razzies are lazzies, are all bloops lazzies? Explain."),
+    ("reasoning", "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?"),
+    ("math", "Tom has 12 apples. He gives 5 to his friend and buys 8 more. How many apples does he have now?"),
+    ("math", "A train travels 60 miles per hour for 3 hours. How far does it travel?"),
+    ("math", "What is 15% of 240? Show your work."),
+    ("math", "Sara reads 20 pages a day. How many days does she need to finish a 340-page book?"),
+    ("math", "A rectangle is 8 cm long and 5 cm wide. What are its area and perimeter?"),
+    ("coding", "Write a Python function that returns the factorial of a number."),
+    ("coding", "Write a Python function to check whether a string is a palindrome."),
+    ("coding", "Write a Python function that returns the n-th Fibonacci number."),
+    ("coding", "Write a Python function that removes duplicates from a list while keeping the order."),
+    ("coding", "Explain what a Python list comprehension is and give an example."),
+    ("coding", "Write a Python function that counts the vowels in a string."),
+    ("qa", "What is the capital of Australia?"),
+    ("qa", "Who wrote the novel Pride and Prejudice?"),
+    ("qa", "How many planets are there in the solar system?"),
+    ("qa", "What is the largest ocean on Earth?"),
+    ("qa", "When did the first person land on the Moon?"),
+    ("translation", "Translate the following German text to English.\n\nDer Zug kommt heute später an, weil es auf der Strecke einen Unfall gab."),
+    ("translation", "Translate the following German text to English.\n\nIch habe gestern ein sehr interessantes Buch über die Geschichte Berlins gelesen."),
+    ("translation", "Translate the following German text to English.\n\nDie Regierung plant, im nächsten Jahr mehr Geld in Schulen zu investieren."),
+    ("summarization", "Summarize the following article in one sentence.\n\nThe city council voted on Tuesday to expand the bicycle lane network by 40 kilometres over the next three years. Supporters said the plan would reduce traffic and pollution, while some shop owners worried about losing parking spaces. The first new lanes are expected to open in the spring."),
+    ("summarization", "Summarize the following article in one sentence.\n\nScientists have discovered a new species of frog in the rainforests of Peru. The tiny amphibian, which is less than two centimetres long, was found during a survey of a remote mountain area. Researchers say the discovery shows how much remains unknown about the region's wildlife."),
+    ("summarization", "Summarize the following article in one sentence.\n\nA local bakery has won a national award for its sourdough bread. The owners, who opened the shop five years ago, said they were surprised and delighted by the prize. They plan to use the prize money to train two new apprentices."),
+    ("extraction", "Extract the names of all the people mentioned in this sentence: Alice met Bob and Carol at the station, while Dave waited in the car."),
+    ("extraction", "List the dates mentioned in this text: The project started on 3 March 2021, paused on 15 June 2021 and finished on 1 February 2022."),
+    ("writing", "Give me five tips for staying productive while working from home."),
+    ("stem", "Explain what machine learning is to a ten-year-old."),
+    ("humanities", "Describe the main features of Gothic architecture."),
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One task-like prompt: ``source`` (file or ``builtin``), row ``ref``, user ``text``."""
+
+    source: str
+    ref: str
+    text: str
+
+
+def _fingerprint(text: str) -> str:
+    """Normalized key of a prompt's core text (lowercase alphanumerics, first 160 chars)."""
+    return re.sub(r"[^0-9a-z]", "", text.lower())[:160]
+
+
+def _is_heldout(fp: str, fraction: float = 0.15) -> bool:
+    h = int(hashlib.sha256(("heldout:" + fp).encode()).hexdigest()[:8], 16)
+    return h / 0xFFFFFFFF < fraction
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _clip(text: str, chars: int = 1500) -> str:
+    text = text.strip()
+    return text if len(text) <= chars else text[:chars].rsplit(" ", 1)[0] + " …"
+
+
+def data_prompts(root: Path) -> list[tuple[Prompt, str]]:
+    """Task-like prompts from the offline data folder, as ``(prompt, fingerprint_text)`` pairs.
+
+    Uses rows that evaluation slices (which take the head of each test file) are unlikely to
+    touch: XSum rows 500+, WMT16 (not WMT14), GSM8K rows 700+, SQuAD rows 500+, NQ
+    EfficientQA dev (not NQ-open dev), MBPP validation/train (task_id ≥ 511). Spec-Bench,
+    HumanEval and CNN/DM are left for evaluation.
+    """
+    out: list[tuple[Prompt, str]] = []
+
+    def rows(rel: str) -> list[dict]:
+        p = root / rel
+        return _read_jsonl(p) if p.is_file() else []
+
+    for i, r in enumerate(rows("summarization/xsum_test_1000.jsonl")):
+        if i >= 500:
+            doc = _clip(r["document"])
+            out.append((Prompt("xsum", str(r.get("id", i)),
+                               f"Summarize the following article in one sentence.\n\n{doc}"), doc))  # fmt: skip
+    for r in rows("translation/wmt16_newstest2016_de-en.jsonl"):
+        if len(r["de"]) >= 30:
+            out.append((Prompt("wmt16", str(r["id"]),
+                               f"Translate the following German text to English.\n\n{r['de']}"), r["de"]))  # fmt: skip
+    for i, r in enumerate(rows("math/gsm8k_test.jsonl")):
+        if i >= 700:
+            q = r["question"]
+            out.append((Prompt("gsm8k", str(i), f"{q}\nLet's think step by step."), q))
+    for i, r in enumerate(rows("qa/squad_v1.1_dev_1000.jsonl")):
+        if i >= 500:
+            text = (f"Answer the question using the context.\n\nContext: {_clip(r['context'], 1000)}\n\n"
+                    f"Question: {r['question']}")  # fmt: skip
+            out.append((Prompt("squad", r["id"], text), r["question"] + r["context"][:80]))
+    for i, r in enumerate(rows("qa/nq_open_efficientqa_dev.jsonl")):
+        q = r["question"].strip().rstrip("?")
+        out.append((Prompt("nq_efficientqa", str(i), f"Answer the question: {q}?"), q))
+    for r in rows("code/mbpp.jsonl"):
+        if r["task_id"] >= 511:
+            text = (f"{r['text']}\nWrite a Python function. Your code should pass this test:\n"
+                    f"{r['test_list'][0]}")  # fmt: skip
+            out.append((Prompt("mbpp", str(r["task_id"]), text), r["text"]))
+    return out
+
+
+def select_prompts(cfg: DraftBuildConfig, root: Path | None) -> tuple[list[Prompt], list[Prompt], str]:
+    """Deterministic train and held-out prompts and the data-source tag.
+
+    Prompts are de-duplicated by fingerprint; held-out = fingerprints whose hash falls in
+    the held-out bucket (so no training prompt shares its core text with a held-out one).
+    Sources are interleaved round-robin after a seeded shuffle so every task is represented.
+    """
+    pool: list[tuple[Prompt, str]] = []
+    source_tag = "builtin"
+    if root is not None:
+        pool = data_prompts(root)
+        source_tag = "data"
+    pool += [(Prompt("builtin", f"{cat}-{i}", text), text) for i, (cat, text) in enumerate(BUILTIN_PROMPTS)]
+    seen: set[str] = set()
+    train: dict[str, list[Prompt]] = {}
+    held: dict[str, list[Prompt]] = {}
+    for prompt, core in pool:
+        fp = _fingerprint(core)
+        if fp in seen:
+            continue
+        seen.add(fp)
+        (held if _is_heldout(fp) else train).setdefault(prompt.source, []).append(prompt)
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def interleave(groups: dict[str, list[Prompt]], n: int) -> list[Prompt]:
+        shuffled = {}
+        for src in sorted(groups):
+            items = groups[src]
+            order = torch.randperm(len(items), generator=gen).tolist()
+            shuffled[src] = [items[j] for j in order]
+        out: list[Prompt] = []
+        depth = 0
+        while len(out) < n and any(depth < len(v) for v in shuffled.values()):
+            for src in sorted(shuffled):
+                if depth < len(shuffled[src]) and len(out) < n:
+                    out.append(shuffled[src][depth])
+            depth += 1
+        return out
+
+    return interleave(train, cfg.n_texts), interleave(held, cfg.n_heldout), source_tag
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, max_content_tokens: int) -> list[int]:
+    """Chat-template token ids of one user turn (content truncated to ``max_content_tokens``)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_content_tokens:
+        text = tokenizer.decode(ids[:max_content_tokens])
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(out["input_ids"])
+
+
+# --------------------------------------------------------------------------------------
+# Teacher data: the target's greedy continuations with sparse top-k log-probs
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TeacherSeq:
+    """One prompt and the target's greedy continuation.
+
+    ``prompt``: ``[P]`` int64 ids; ``cont``: ``[C]`` int64 greedy tokens (ends with EOS if the
+    target stopped); ``top_ids``: ``[C, k]`` int32 and ``top_lp``: ``[C, k]`` fp16 — the
+    target's top-k log-probs (full-vocab log-softmax) at each continuation position;
+    ``top_ids[:, 0] == cont``.
+    """
+
+    source: str
+    prompt: torch.Tensor
+    cont: torch.Tensor
+    top_ids: torch.Tensor
+    top_lp: torch.Tensor
+
+
+@torch.inference_mode()
+def teacher_continuations(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Prompt],
+    cfg: DraftBuildConfig,
+    progress: bool = True,
+    desc: str = "target greedy continuations",
+) -> list[TeacherSeq]:
+    """Greedy continuations of ``prompts`` by ``target`` (batched, left-padded) with top-k log-probs."""
+    encoded = [encode_prompt(tokenizer, p.text, cfg.prompt_tokens) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
+    results: dict[int, TeacherSeq] = {}
+    batches = [order[i : i + cfg.gen_batch] for i in range(0, len(order), cfg.gen_batch)]
+    bar = _tqdm(total=len(prompts), desc=desc, disable=not progress)
+    for idx in batches:
+        width = max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(encoded[i]) :] = torch.tensor(encoded[i])
+            mask[row, width - len(encoded[i]) :] = 1
+        out = target.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=cfg.gen_tokens, do_sample=False,
+            temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eos,
+            output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # [B, T_new, V]
+        lp = torch.log_softmax(logits, dim=-1)
+        top_lp, top_ids = lp.topk(cfg.topk, dim=-1)
+        del logits, lp
+        for row, i in enumerate(idx):
+            toks = new[row]
+            hits = (toks == eos).nonzero()
+            n = int(hits[0]) + 1 if len(hits) else len(toks)
+            results[i] = TeacherSeq(
+                source=prompts[i].source,
+                prompt=torch.tensor(encoded[i], dtype=torch.long),
+                cont=toks[:n].clone(),
+                top_ids=top_ids[row, :n].to(torch.int32).clone(),
+                top_lp=top_lp[row, :n].to(torch.float16).clone(),
+            )
+        bar.update(len(idx))
+    bar.close()
+    return [results[i] for i in range(len(prompts))]
+
+
+# --------------------------------------------------------------------------------------
+# Draft model
+# --------------------------------------------------------------------------------------
+
+
+def draft_config(target_config: transformers.PretrainedConfig, cfg: DraftBuildConfig) -> LlamaConfig:
+    """Llama config of the draft: the target's vocabulary, special ids and RoPE; ``cfg``'s sizes."""
+    if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
+        raise ValueError(f"hidden {cfg.hidden} / heads {cfg.heads} / kv_heads {cfg.kv_heads} do not divide")
+    rope = getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    return LlamaConfig(
+        vocab_size=target_config.vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.hidden // cfg.heads,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rms_norm_eps=target_config.rms_norm_eps,
+        rope_parameters=dict(rope),
+        tie_word_embeddings=True,
+        bos_token_id=target_config.bos_token_id,
+        eos_token_id=target_config.eos_token_id,
+        pad_token_id=target_config.pad_token_id,
+        dtype="float32",
+    )
+
+
+@torch.no_grad()
+def init_draft(target: PreTrainedModel, cfg: DraftBuildConfig) -> LlamaForCausalLM:
+    """Randomly initialized draft (seeded); with ``init_from_target`` its tied embedding is the
+    target's embedding ``E [V, H_t]`` projected on its top ``hidden`` right singular vectors
+    (``E @ V_d``, ``[V, hidden]``) and its final-norm gain is the target's mean gain."""
+    torch.manual_seed(cfg.seed)
+    draft = LlamaForCausalLM(draft_config(target.config, cfg))
+    if cfg.init_from_target:
+        emb = target.get_input_embeddings().weight.detach().float()
+        if cfg.hidden > emb.shape[1]:
+            raise ValueError(f"draft hidden {cfg.hidden} exceeds the target's {emb.shape[1]}")
+        gram = emb.T.double() @ emb.double()  # [H_t, H_t]
+        evals, evecs = torch.linalg.eigh(gram)  # ascending
+        basis = evecs[:, torch.argsort(evals, descending=True)[: cfg.hidden]].float()
+        # Fix each direction's sign deterministically (largest component positive).
+        signs = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))
+        draft.get_input_embeddings().weight.copy_(emb @ (basis * signs))
+        norm = getattr(getattr(target, "model", target), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None:
+            draft.model.norm.weight.fill_(float(norm.weight.float().mean()))
+    draft.tie_weights()
+    return draft
+
+
+# --------------------------------------------------------------------------------------
+# Training and evaluation
+# --------------------------------------------------------------------------------------
+
+
+def _kept(s: TeacherSeq, seq_len: int) -> int:
+    """Continuation tokens of ``s`` used in a window of ``seq_len`` (≥ 16 when the prompt fills it)."""
+    keep_c = min(len(s.cont), max(0, seq_len - len(s.prompt)))
+    return keep_c if keep_c else min(len(s.cont), 16)
+
+
+def _batch(seqs: Sequence[TeacherSeq], seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids [B, T]``; flat continuation positions ``pos [N]`` (row*T + t, the
+    position whose output predicts the token), their ``top_ids [N, k]`` and ``top_lp [N, k]``."""
+    rows, pos, tids, tlps = [], [], [], []
+    for s in seqs:
+        full = torch.cat([s.prompt, s.cont])
+        keep_c = _kept(s, seq_len)
+        full = full[: len(s.prompt) + keep_c][-seq_len:]
+        start = len(full) - keep_c - 1  # output at `start` predicts the first continuation token
+        rows.append(full)
+        pos.append(torch.arange(start, start + keep_c))
+        tids.append(s.top_ids[:keep_c].long())
+        tlps.append(s.top_lp[:keep_c].float())
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    flat = []
+    for b, (r, p) in enumerate(zip(rows, pos, strict=True)):
+        ids[b, : len(r)] = r
+        flat.append(p + b * width)
+    return ids, torch.cat(flat), torch.cat(tids), torch.cat(tlps)
+
+
+def _draft_logits_at(draft: LlamaForCausalLM, ids: torch.Tensor, flat_pos: torch.Tensor) -> torch.Tensor:
+    """Draft logits ``[N, V]`` at the flat positions ``flat_pos`` of ``ids [B, T]`` (LM head only there)."""
+    hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
+    return draft.lm_head(hidden.reshape(-1, hidden.shape[-1])[flat_pos])
+
+
+def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, hard_weight: float) -> torch.Tensor:
+    """``(1-h)·Σ_k p̂_k·(−log q_k) + h·(−log q_{top1})``.
+
+    ``logits [N, V]`` draft; ``top_ids, top_lp [N, k]`` teacher top-k ids and log-probs;
+    ``p̂`` = teacher top-k probabilities renormalized to sum to 1.
+    """
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    picked = logq.gather(1, top_ids)  # [N, k]
+    soft = -(torch.softmax(top_lp, dim=-1) * picked).sum(-1)
+    hard = -picked[:, 0]
+    return ((1.0 - hard_weight) * soft + hard_weight * hard).mean()
+
+
+@torch.inference_mode()
+def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int = 4096, batch: int = 8) -> dict:
+    """Top-1 agreement of ``draft`` with the target, teacher-forced on the target's continuations.
+
+    Returns ``{"agreement": float, "tokens": int, "by_source": {source: float}}``: the fraction
+    of continuation positions where ``argmax draft == target greedy token``.
+    """
+    hits: dict[str, list[int]] = {}
+    for i in range(0, len(seqs), batch):
+        chunk = seqs[i : i + batch]
+        ids, pos, tids, _ = _batch(chunk, seq_len)
+        pred = _draft_logits_at(draft, ids, pos).argmax(-1)
+        ok = (pred == tids[:, 0]).long()
+        j = 0
+        for s in chunk:
+            n = _kept(s, seq_len)
+            h = hits.setdefault(s.source, [0, 0])
+            h[0] += int(ok[j : j + n].sum())
+            h[1] += n
+            j += n
+    total = sum(v[1] for v in hits.values())
+    good = sum(v[0] for v in hits.values())
+    return {
+        "agreement": good / max(total, 1),
+        "tokens": total,
+        "by_source": {k: v[0] / max(v[1], 1) for k, v in sorted(hits.items())},
+    }
+
+
+def train_draft(
+    draft: LlamaForCausalLM,
+    train: Sequence[TeacherSeq],
+    cfg: DraftBuildConfig,
+    progress: bool = True,
+) -> list[float]:
+    """Distill ``draft`` on the teacher sequences (in place); returns the loss per step."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    decay = [p for n, p in draft.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    other = [p for n, p in draft.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8,
+    )  # fmt: skip
+    warm = max(1, int(cfg.warmup * cfg.steps))
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        t = (step - warm) / max(1, cfg.steps - warm)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    draft.train()
+    losses: list[float] = []
+    perm: list[int] = []
+    bar = _tqdm(range(cfg.steps), desc="distilling draft", disable=not progress)
+    for step in bar:
+        if len(perm) < cfg.batch:
+            perm += torch.randperm(len(train), generator=gen).tolist()
+        chosen, perm = perm[: cfg.batch], perm[cfg.batch :]
+        ids, pos, tids, tlps = _batch([train[i] for i in chosen], cfg.seq_len)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss = distill_loss(_draft_logits_at(draft, ids, pos), tids, tlps, cfg.hard_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+    draft.eval()
+    return losses
+
+
+# --------------------------------------------------------------------------------------
+# Build + cache
+# --------------------------------------------------------------------------------------
+
+
+def _tqdm(*args, **kwargs):
+    from tqdm.auto import tqdm
+
+    kwargs.setdefault("file", sys.stderr)
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(*args, **kwargs)
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[viasd] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def target_fingerprint(target: PreTrainedModel) -> str:
+    """Short hash identifying the target (config + embedding/final-norm statistics)."""
+    emb = target.get_input_embeddings().weight.detach().float()
+    stats = [emb.shape[0], emb.shape[1], round(float(emb.double().sum()), 3), round(float(emb.double().abs().sum()), 3)]
+    cfg = {k: v for k, v in target.config.to_dict().items() if k not in ("_name_or_path", "dtype", "torch_dtype", "transformers_version")}
+    blob = json.dumps([stats, cfg], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def draft_dir(target: PreTrainedModel, cfg: DraftBuildConfig, cache_root: Path | None = None,
+              data_root: Path | None | str = "auto") -> Path:  # fmt: skip
+    """Cache folder ``<cache_root>/drafts/<name>-<hash>`` for this config, target and data source."""
+    root = Path(cache_root) if cache_root is not None else cache_dir()
+    droot = data_dir(required=False) if data_root == "auto" else data_root
+    key = {"cfg": cfg.key(), "target": target_fingerprint(target), "data": "data" if droot else "builtin",
+           "format": BUILD_FORMAT}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return root / "drafts" / f"{cfg.name}-{digest}"
+
+
+def build_draft(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: DraftBuildConfig,
+    out_dir: Path,
+    progress: bool = True,
+    data_root: Path | None | str = "auto",
+) -> Path:
+    """Build the draft into ``out_dir`` atomically (temp folder, manifest last, rename).
+
+    ``data_root="auto"`` uses :func:`viasd.paths.data_dir` when present, else the built-in
+    prompts; ``None`` forces the built-in prompts. The folder holds the draft
+    (``save_pretrained``), the tokenizer, ``heldout.pt`` (held-out teacher sequences) and
+    ``build_info.json`` (architecture, parameter count, timings, held-out agreement, prompt
+    refs used for training); the manifest repeats the build info. Returns ``out_dir``.
+    """
+    transformers.logging.set_verbosity_error()
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    droot = data_dir(required=False) if data_root == "auto" else (Path(data_root) if data_root else None)
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".tmp-{out_dir.name}-"))
+    try:
+        with _threads(cfg.threads):
+            torch.manual_seed(cfg.seed)
+            train_p, held_p, source_tag = select_prompts(cfg, droot)
+            _say(progress, f"draft build: {len(train_p)} training / {len(held_p)} held-out prompts ({source_tag})")
+            target_was_training = target.training
+            target.eval()
+            t_gen = time.perf_counter()
+            train_seqs = teacher_continuations(target, tokenizer, train_p, cfg, progress)
+            held_seqs = teacher_continuations(target, tokenizer, held_p, cfg, progress, desc="held-out continuations")
+            t_gen = time.perf_counter() - t_gen
+            target.train(target_was_training)
+            draft = init_draft(target, cfg)
+            before = agreement(draft, held_seqs)
+            t_train = time.perf_counter()
+            losses = train_draft(draft, train_seqs, cfg, progress)
+            t_train = time.perf_counter() - t_train
+            after = agreement(draft, held_seqs)
+            train_agree = agreement(draft, train_seqs[: cfg.n_heldout])
+        info = {
+            "config": cfg.key(),
+            "threads": cfg.threads,
+            "data_source": source_tag,
+            "target_fingerprint": target_fingerprint(target),
+            "num_parameters": sum(p.numel() for p in draft.parameters()),
+            "heldout_agreement": after["agreement"],
+            "heldout_agreement_by_source": after["by_source"],
+            "heldout_tokens": after["tokens"],
+            "heldout_agreement_at_init": before["agreement"],
+            "train_agreement_sample": train_agree["agreement"],
+            "train_tokens": int(sum(len(s.cont) for s in train_seqs)),
+            "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+            "seconds_teacher": t_gen,
+            "seconds_train": t_train,
+            "seconds_total": time.perf_counter() - t0,
+            "train_prompts": [f"{p.source}:{p.ref}" for p in train_p],
+            "heldout_prompts": [f"{p.source}:{p.ref}" for p in held_p],
+            "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__,
+            "created_unix": time.time(),
+        }
+        draft.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save([dataclasses.asdict(s) for s in held_seqs], tmp / "heldout.pt")
+        (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
+        write_manifest(tmp, {k: v for k, v in info.items() if k not in ("train_prompts", "heldout_prompts")})
+        atomic_publish(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def load_heldout(folder: Path) -> list[TeacherSeq]:
+    """The held-out teacher sequences saved with a built draft."""
+    return [TeacherSeq(**d) for d in torch.load(Path(folder) / "heldout.pt", weights_only=True)]
+
+
+def build_info(folder: Path) -> dict:
+    """The ``build_info.json`` of a built draft (agreement, timings, parameter count, …)."""
+    return json.loads((Path(folder) / "build_info.json").read_text())
+
+
+def ensure_draft(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: DraftBuildConfig,
+    cache_root: Path | None = None,
+    progress: bool = True,
+    data_root: Path | None | str = "auto",
+) -> Path:
+    """Verified cache folder of the draft, building it (under a file lock) if missing or broken."""
+    folder = draft_dir(target, cfg, cache_root, data_root)
+    reason = verify_manifest(folder)
+    if reason is None:
+        return folder
+    with file_lock(folder.parent / f".{folder.name}.lock"):
+        reason = verify_manifest(folder)
+        if reason is None:
+            return folder
+        if reason != "missing":
+            remove_broken(folder, reason, progress)
+        _say(progress, f"building draft {folder.name} (once; see DraftBuildConfig for its size)…")
+        build_draft(target, tokenizer, cfg, folder, progress, data_root)
+    reason = verify_manifest(folder)
+    if reason is not None:
+        raise RuntimeError(f"fresh draft at {folder} fails verification: {reason}")
+    return folder
+
+
+def load_or_build_draft(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: DraftBuildConfig | None = None,
+    cache_root: Path | None = None,
+    progress: bool = True,
+    data_root: Path | None | str = "auto",
+) -> LlamaForCausalLM:
+    """The cached draft for ``target`` (built on first use), fp32, in eval mode.
+
+    ``draft(input_ids[B, T]).logits`` is ``[B, T, V]`` with the target's vocabulary ``V``.
+    """
+    cfg = cfg or DraftBuildConfig()
+    folder = ensure_draft(target, tokenizer, cfg, cache_root, progress, data_root)
+    _ = read_manifest(folder)
+    transformers.logging.set_verbosity_error()
+    return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -1,0 +1,340 @@
+"""Task interface, task registry and data loading shared by every evaluation task.
+
+This module owns:
+
+* :class:`Example` — one task input (user-message prompt, reference, metadata);
+* :class:`Task` — the base class: configuration handling (common keys plus each kind's own
+  options, unknown keys rejected), loading rows through ``datasets`` (the offline file under
+  the shared data folder, or the hub dataset for paper scale), the seeded ``n_examples``
+  subset, prompt rendering (the tokenizer's chat template when it has one, else a plain
+  template), stop-string post-processing and scoring through a metric module;
+* :data:`TASKS` — the registry of task kinds, and :func:`build_task`, which turns a
+  ``conf/task/<name>.yaml`` node into a task.
+
+The concrete kinds live in :mod:`viasd.tasks.kinds`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from viasd.errors import ConfigError
+from viasd.registry import Registry
+
+__all__ = ["Example", "Task", "TASKS", "build_task", "load_rows"]
+
+
+@dataclass
+class Example:
+    """One task input.
+
+    ``prompt`` is the input rendered as the user message (no chat template applied yet);
+    ``reference`` is whatever the task's metric needs (a string, a list of acceptable
+    answers, or test code); ``meta`` holds the plain-template prompt (``plain_prompt``) and
+    small per-task fields (ids, categories, entry points).
+    """
+
+    id: str
+    prompt: str
+    reference: Any
+    meta: dict = field(default_factory=dict)
+
+
+TASKS: Registry[type[Task]] = Registry("task")
+
+# Keys every task config accepts, with defaults.
+_COMMON: dict[str, Any] = {
+    "name": None,
+    "kind": None,  # task kind to build; defaults to ``name``
+    "source": "offline",  # offline | hub
+    "offline_file": None,  # relative to the data dir (VIASD_DATA_DIR), or absolute
+    "hub": None,  # {path, name, split} for source: hub
+    "n_examples": None,  # None: all rows
+    "seed": 0,
+    "max_new_tokens": 128,
+    "stop_strings": [],
+    "chat_stop_strings": None,  # None: same as stop_strings
+    "system_prompt": None,
+    "prompt_template": None,  # user message; str.format fields from the row
+    "plain_template": None,  # prompt for tokenizers without a chat template (T5, base LMs)
+}
+
+
+def _to_plain_dict(cfg: Any) -> dict[str, Any]:
+    if cfg is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if isinstance(cfg, Mapping):
+        return copy.deepcopy(dict(cfg))
+    raise ConfigError(f"task config must be a mapping, got {type(cfg).__name__}")
+
+
+def _datasets_cache_dir() -> str:
+    base = os.environ.get("VIASD_CACHE_DIR")
+    root = Path(base) / "datasets" if base else Path(tempfile.gettempdir()) / "viasd-datasets-cache"
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def load_rows(
+    source: str,
+    offline_file: str | None,
+    hub: Mapping[str, Any] | None,
+    task_name: str,
+) -> list[dict[str, Any]]:
+    """Rows of a task's dataset as plain dicts, through ``datasets.load_dataset``.
+
+    ``source: offline`` reads ``offline_file`` (a path relative to the data folder, see
+    :func:`viasd.paths.data_file`, or an absolute path) with the ``json`` builder, which
+    needs no network (``HF_HUB_OFFLINE=1`` is fine). ``source: hub`` calls
+    ``load_dataset(hub["path"], hub.get("name"), split=hub["split"])``.
+    A missing file raises a ConfigError naming the path and ``VIASD_DATA_DIR``.
+    """
+    import datasets
+
+    if source == "offline":
+        if not offline_file:
+            raise ConfigError(f"task {task_name!r}: source is offline but offline_file is not set")
+        p = Path(offline_file)
+        if p.is_absolute():
+            if not p.is_file():
+                raise ConfigError(
+                    f"task {task_name!r}: data file not found: {p}. Fix offline_file or set "
+                    "VIASD_DATA_DIR and use a path relative to it"
+                )
+        else:
+            from viasd.paths import data_file
+
+            p = data_file(offline_file)
+        was_enabled = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
+        try:
+            ds = datasets.load_dataset(
+                "json", data_files=str(p), split="train", cache_dir=_datasets_cache_dir()
+            )
+        finally:
+            if was_enabled:
+                datasets.enable_progress_bars()
+        return [dict(r) for r in ds]
+    if source == "hub":
+        if not hub or not hub.get("path"):
+            raise ConfigError(f"task {task_name!r} has no hub dataset; use source: offline")
+        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
+        return [dict(r) for r in ds]
+    raise ConfigError(f"task {task_name!r}: source must be 'offline' or 'hub', got {source!r}")
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+class Task:
+    """One configured evaluation task (see the module docstring).
+
+    Subclasses set ``defaults`` (their own config keys and defaults, merged over the common
+    ones), ``metric`` (a module under ``viasd/tasks/metrics``) and implement
+    :meth:`make_example`; they may override :meth:`normalize_hub_row`, :meth:`few_shot`,
+    :meth:`postprocess` and :meth:`score`.
+    """
+
+    defaults: ClassVar[dict[str, Any]] = {}
+    metric: ClassVar[str | None] = None
+
+    def __init__(self, cfg: Mapping[str, Any] | Any):
+        raw = _to_plain_dict(cfg)
+        allowed = {**_COMMON, **self.defaults}
+        unknown = sorted(set(raw) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"task {raw.get('name')!r}: unknown config keys {unknown}; allowed: {', '.join(sorted(allowed))}"
+            )
+        self.cfg: dict[str, Any] = {**copy.deepcopy(allowed), **raw}
+        self.name: str = str(self.cfg["name"])
+        n = self.cfg["n_examples"]
+        if n is not None and (not isinstance(n, int) or n < 1):
+            raise ConfigError(f"task {self.name!r}: n_examples must be a positive integer or null, got {n!r}")
+        if not isinstance(self.cfg["max_new_tokens"], int) or self.cfg["max_new_tokens"] < 1:
+            raise ConfigError(f"task {self.name!r}: max_new_tokens must be a positive integer")
+        self.max_new_tokens: int = int(self.cfg["max_new_tokens"])
+        self.stop_strings: list[str] = [str(s) for s in (self.cfg["stop_strings"] or [])]
+        chat_stops = self.cfg["chat_stop_strings"]
+        self.chat_stop_strings: list[str] = (
+            self.stop_strings if chat_stops is None else [str(s) for s in chat_stops]
+        )
+        self._examples: list[Example] | None = None
+
+    # -- data ---------------------------------------------------------------------------
+
+    def load_rows(self) -> list[dict[str, Any]]:
+        """All rows of the configured source, in the offline files' field layout."""
+        rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name)
+        if self.cfg["source"] == "hub":
+            rows = [self.normalize_hub_row(r) for r in rows]
+        return rows
+
+    def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Map a hub row to the field layout of the offline file (identity by default)."""
+        return row
+
+    def filter_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows eligible for sampling (all by default; e.g. the MBPP test range)."""
+        return rows
+
+    def make_example(self, index: int, row: dict[str, Any]) -> Example:
+        """Build the :class:`Example` of one row."""
+        raise NotImplementedError
+
+    def examples(self) -> list[Example]:
+        """The task's examples: a seeded subset of ``n_examples`` rows (all when null).
+
+        The subset is ``random.Random(seed).sample`` of the row indices, kept in file order,
+        so it is the same on every machine and independent of the model.
+        """
+        if self._examples is None:
+            rows = self.filter_rows(self.load_rows())
+            if not rows:
+                raise ConfigError(f"task {self.name!r}: the dataset has no rows")
+            idx = list(range(len(rows)))
+            n = self.cfg["n_examples"]
+            if n is not None and n < len(rows):
+                idx = sorted(random.Random(int(self.cfg["seed"])).sample(idx, n))
+            self._examples = [self.make_example(i, rows[i]) for i in idx]
+        return list(self._examples)
+
+    # -- prompts ------------------------------------------------------------------------
+
+    def format(self, template_key: str, fields: Mapping[str, Any]) -> str:
+        """Fill the config template ``template_key`` with ``fields`` (``str.format``)."""
+        template = self.cfg[template_key]
+        if template is None:
+            raise ConfigError(f"task {self.name!r}: {template_key} is not set")
+        try:
+            return str(template).format(**fields)
+        except (KeyError, IndexError) as e:
+            raise ConfigError(
+                f"task {self.name!r}: {template_key} uses field {e} that the data does not have; "
+                f"available: {', '.join(sorted(fields))}"
+            ) from None
+
+    def few_shot(self) -> list[tuple[str, str, str]]:
+        """Few-shot demonstrations as (user message, plain prompt, answer); none by default."""
+        return []
+
+    def chat_messages(self, example: Example) -> list[dict[str, str]]:
+        """The conversation for a chat template: system, few-shot turns, then the example."""
+        messages: list[dict[str, str]] = []
+        if self.cfg["system_prompt"]:
+            messages.append({"role": "system", "content": str(self.cfg["system_prompt"])})
+        for user, _plain, answer in self.few_shot():
+            messages.append({"role": "user", "content": user})
+            messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": example.prompt})
+        return messages
+
+    def plain_prompt(self, example: Example) -> str:
+        """The prompt for tokenizers without a chat template (few-shot blocks first)."""
+        parts = [f"{plain} {answer}" for _user, plain, answer in self.few_shot()]
+        parts.append(str(example.meta.get("plain_prompt", example.prompt)))
+        return "\n\n".join(parts)
+
+    def render(self, example: Example, tokenizer: Any = None) -> str:
+        """The final prompt string fed to the tokenizer.
+
+        With a chat template (``tokenizer.chat_template`` set): ``apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)`` over :meth:`chat_messages`.
+        Otherwise (T5-like models, base LMs, ``tokenizer=None``): :meth:`plain_prompt`.
+        """
+        if _has_chat_template(tokenizer):
+            return tokenizer.apply_chat_template(
+                self.chat_messages(example), tokenize=False, add_generation_prompt=True
+            )
+        return self.plain_prompt(example)
+
+    def stop_strings_for(self, tokenizer: Any = None) -> list[str]:
+        """Stop strings for generation: ``chat_stop_strings`` with a chat template, else ``stop_strings``."""
+        return self.chat_stop_strings if _has_chat_template(tokenizer) else self.stop_strings
+
+    # -- outputs ------------------------------------------------------------------------
+
+    def cut_at_stop(self, text: str) -> str:
+        """``text`` up to the earliest stop string (of either list)."""
+        cut = len(text)
+        for s in {*self.stop_strings, *self.chat_stop_strings}:
+            if s:
+                i = text.find(s)
+                if i != -1:
+                    cut = min(cut, i)
+        return text[:cut]
+
+    def postprocess(self, text: str) -> str:
+        """Generated text → prediction: leading whitespace dropped, cut at the first stop string, stripped."""
+        return self.cut_at_stop(text.lstrip()).strip()
+
+    def metric_references(self, examples: Sequence[Example]) -> list[Any]:
+        """What the metric receives as references (``example.reference`` by default)."""
+        return [e.reference for e in examples]
+
+    def metric_predictions(self, predictions: Sequence[str], examples: Sequence[Example]) -> list[str]:
+        """What the metric receives as predictions (the predictions by default)."""
+        return list(predictions)
+
+    def metric_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments for the metric's ``compute``."""
+        return {}
+
+    def score(
+        self, predictions: Sequence[str], examples: Sequence[Example]
+    ) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """(corpus metrics, per-example scores), all on 0-100.
+
+        ``predictions`` are post-processed outputs (:meth:`postprocess`), aligned with
+        ``examples``.
+        """
+        if len(predictions) != len(examples):
+            raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
+        if self.metric is None or not examples:
+            return {}, [{} for _ in examples]
+        from viasd.tasks.metrics import load_metric
+
+        out = load_metric(self.metric).compute(
+            predictions=self.metric_predictions(predictions, examples),
+            references=self.metric_references(examples),
+            per_example=True,
+            **self.metric_kwargs(),
+        )
+        per_example = [{k: float(v) for k, v in row.items()} for row in out.pop("per_example")]
+        corpus = {
+            k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        return corpus, per_example
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, source={self.cfg['source']!r}, n_examples={self.cfg['n_examples']!r})"
+
+
+def build_task(cfg: Mapping[str, Any] | Any) -> Task:
+    """Build the task described by ``cfg`` (a dict or DictConfig from ``conf/task/<name>.yaml``).
+
+    Dispatches on ``cfg.kind`` (default: ``cfg.name``); an unknown name is a ConfigError
+    that suggests the closest known task.
+    """
+    import viasd.tasks.kinds  # noqa: F401  (registers the task kinds)
+
+    raw = _to_plain_dict(cfg)
+    if not raw.get("name"):
+        raise ConfigError(f"task config needs a name; known tasks: {', '.join(TASKS.names())}")
+    kind = raw.get("kind") or raw["name"]
+    return TASKS.get(str(kind))(raw)

@@ -1,0 +1,153 @@
+"""The local run store: one folder per run, written atomically, read by the reports.
+
+Layout of ``<store>/<run_id>/``: ``config.yaml`` (resolved config), ``meta.json`` (git sha,
+host, versions, start time), ``examples.jsonl`` (one line per example, appended and flushed as
+examples finish), and ``summary.json`` — written last and atomically, so a run is *finished*
+exactly when its ``summary.json`` exists. ``run_id`` is derived from a hash of the resolved
+config, so re-running an identical config finds the finished run and skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Config keys that do not change a run's result (excluded from its identity hash).
+VOLATILE_KEYS = ("tracking", "hydra", "threads")
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file + ``os.replace`` (never half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """Stable 10-hex-digit hash of a resolved config without volatile keys."""
+    ident = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def run_id_for(cfg: dict[str, Any]) -> str:
+    """``<pair>__<method>__<task>__<hash>`` for a resolved config dict."""
+    parts = [str(cfg.get(k, {}).get("name", k)) for k in ("pair", "method", "task")]
+    return "__".join(parts + [config_hash(cfg)])
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+class Run:
+    """An open run folder: append examples, then :meth:`finish` with the summary."""
+
+    def __init__(self, path: Path, cfg: dict[str, Any]):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        import torch
+        import transformers
+
+        atomic_write_json(path / "meta.json", {
+            "git_sha": git_sha(), "host": platform.node(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "run_id": path.name,
+        })
+        (path / "summary.json").unlink(missing_ok=True)
+        self._examples = open(path / "examples.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self.records: list[dict[str, Any]] = []
+
+    def log_example(self, record: dict[str, Any]) -> None:
+        """Append one example record and flush it to disk."""
+        record = _jsonable(record)
+        self.records.append(record)
+        self._examples.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._examples.flush()
+
+    def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> None:
+        """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json``.
+
+        Both are written atomically; ``summary.json`` last, so it marks the run finished.
+        """
+        self._examples.close()
+        if scores and len(scores) == len(self.records) and any(scores):
+            for rec, sc in zip(self.records, scores):
+                rec["score"] = _jsonable(sc)
+            atomic_write_text(self.path / "examples.jsonl",
+                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records))
+        atomic_write_json(self.path / "summary.json", summary)
+
+    def abort(self) -> None:
+        self._examples.close()
+
+
+class RunStore:
+    """A folder of runs keyed by ``run_id``."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+
+    def path(self, run_id: str) -> Path:
+        return self.root / run_id
+
+    def is_finished(self, run_id: str) -> bool:
+        return (self.path(run_id) / "summary.json").is_file()
+
+    def open(self, run_id: str, cfg: dict[str, Any]) -> Run:
+        return Run(self.path(run_id), cfg)
+
+    def finished_runs(self) -> Iterator[dict[str, Any]]:
+        """Yield ``{"run_id", "path", "config", "summary"}`` for every finished run."""
+        if not self.root.is_dir():
+            return
+        for d in sorted(self.root.iterdir()):
+            s = d / "summary.json"
+            if s.is_file():
+                yield {
+                    "run_id": d.name,
+                    "path": d,
+                    "config": yaml.safe_load((d / "config.yaml").read_text()),
+                    "summary": json.loads(s.read_text()),
+                }
+
+    def examples(self, run_id: str) -> list[dict[str, Any]]:
+        p = self.path(run_id) / "examples.jsonl"
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.is_file() else []

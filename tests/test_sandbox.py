@@ -105,7 +105,9 @@ def test_huge_allocation_fails(code):
 
 def test_cannot_write_into_root_owned_directory():
     if sandbox_mode() != "namespace":
-        pytest.skip("basic sandbox mode (not root or no unshare/setpriv): only the user's own permissions apply")
+        pytest.skip(
+            "basic sandbox mode (not root or no unshare/setpriv): only the user's own permissions apply"
+        )
     target = PROJECT_ROOT / f".viasd_sandbox_probe_{uuid.uuid4().hex}"
     assert PROJECT_ROOT.stat().st_uid == 0
     try:
@@ -142,7 +144,9 @@ def test_host_tmp_is_not_reachable(tmp_path):
 
 def test_working_directory_is_temporary_and_removed():
     before = set(Path(tempfile.gettempdir()).glob("viasd-sbx-*"))
-    r = run_program("import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))")
+    r = run_program(
+        "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd(), sorted(os.listdir('.')))"
+    )
     assert r.passed, r
     assert "scratch.txt" in r.detail
     assert set(Path(tempfile.gettempdir()).glob("viasd-sbx-*")) <= before
@@ -169,7 +173,9 @@ def test_network_is_unreachable():
     th.start()
     try:
         t0 = time.monotonic()
-        r = run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')")
+        r = run_program(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')"
+        )
         assert _failed(r), r
         r2 = run_program("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)")
         assert _failed(r2), r2
@@ -201,7 +207,13 @@ def test_output_flood_is_cut():
 
 
 def test_one_bad_sample_never_stops_the_run():
-    codes = ["print(1)", "import os\nos.abort()", "while True: pass", "import os\nos.kill(os.getpid(), 9)", "x = 1"]
+    codes = [
+        "print(1)",
+        "import os\nos.abort()",
+        "while True: pass",
+        "import os\nos.kill(os.getpid(), 9)",
+        "x = 1",
+    ]
     results = run_programs(codes, timeout_s=1.5, workers=2)
     assert [r.status for r in results] == ["passed", "failed", "timeout", "failed", "passed"]
 

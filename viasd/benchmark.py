@@ -9,7 +9,6 @@ measured acceptance ``α = 1 − rejection rate``, and agreement of the output w
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time

@@ -42,9 +42,10 @@ def first_k_mask(n_layers: int, keep_ratio: float) -> list[int]:
     return list(range(budget(n_layers, keep_ratio)))
 
 
-def every_other_mask(n_layers: int, keep_ratio: float | None = None) -> list[int]:
-    """Every other layer from 0, plus the last layer."""
-    return sorted(set(range(0, n_layers, 2)) | {n_layers - 1})
+def every_other_mask(n_layers: int, keep_ratio: float = 0.5) -> list[int]:
+    """Evenly spaced layers (first and last included) at the budget — every other layer at 0.5."""
+    k = budget(n_layers, keep_ratio)
+    return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
 
 
 def mask_path(pair_name: str, keep_ratio: float, objective: str = "kl") -> Path:
@@ -89,7 +90,7 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
     if mask == "first_k":
         return target, RoutingPlan.build(first_k_mask(n, ratio), n), "first_k"
     if mask == "every_other":
-        return target, RoutingPlan.build(every_other_mask(n), n), "every_other"
+        return target, RoutingPlan.build(every_other_mask(n, ratio), n), "every_other"
     if mask == "auto":
         path = mask_path(pair.name, ratio, slim_cfg.objective)
         if path.is_file():
@@ -103,7 +104,7 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
             f"Run `python -m experiments.search pair={pair.name} search.keep_ratio={ratio}` to search one",
             stacklevel=3,
         )
-        return target, RoutingPlan.build(every_other_mask(n), n), "every_other (fallback)"
+        return target, RoutingPlan.build(every_other_mask(n, ratio), n), "every_other (fallback)"
     if mask.endswith(".json") or Path(mask).is_file():
         art = load_mask_artifact(mask, n)
         return target, RoutingPlan.build(art["layers"], n, f"mask {mask}"), f"file {mask}"

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from viasd.errors import ConfigError
 

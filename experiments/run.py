@@ -1,7 +1,8 @@
-"""``python -m experiments.run [pair=…] [method=…] [task=…] [+exp=…]`` — the main entry point.
+"""``python -m experiments.run [pair=…] [method=…] [task=…] [+exp=NAME]`` — the main entry point.
 
-Hydra composes ``conf/config.yaml``; :func:`viasd.runner.run` does the work. Configuration
-errors print one line naming the fix and exit with status 2.
+Hydra composes ``conf/config.yaml``. With ``+exp=NAME`` the exp's grid is expanded and every
+cell runs in turn (finished runs are skipped); otherwise :func:`viasd.runner.run` runs one
+configuration. Configuration errors print one line naming the fix and exit with status 2.
 """
 
 from __future__ import annotations
@@ -16,10 +17,17 @@ from viasd.errors import ConfigError
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from viasd.runner import run
+    from hydra.core.hydra_config import HydraConfig
+
+    from viasd.experiments import run_cell, run_exp
 
     try:
-        run(cfg)
+        if cfg.get("exp") is not None:
+            failures = run_exp(list(HydraConfig.get().overrides.task))
+            if failures:
+                sys.exit(1)
+        else:
+            run_cell(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -46,6 +46,34 @@ def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
     return tot
 
 
+_PAIRS: dict[str, Any] = {}
+
+
+def cached_pair(pair_cfg: DictConfig):
+    """Load a pair once per process (grids reuse it across cells)."""
+    import json
+
+
+    key = json.dumps(OmegaConf.to_container(pair_cfg, resolve=True), sort_keys=True)
+    if key not in _PAIRS:
+        _PAIRS.clear()  # keep one pair in memory
+        _PAIRS[key] = load_pair(pair_cfg)
+    return _PAIRS[key]
+
+
+def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
+    """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
+    if entry == "search":
+        resolved["method"] = {"name": "dimr_search"}
+        resolved["task"] = {"name": "calibration"}
+    elif entry == "kl":
+        resolved["method"] = {"name": "kl_geometry", "slim": resolved.get("method", {}).get("slim", {})}
+        resolved["task"] = {"name": "+".join(cfg.search.calibration)}
+    return resolved
+
+
 def _prepare(cfg: DictConfig) -> None:
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -56,7 +84,6 @@ def _prepare(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Execute the run described by a composed config; returns its summary."""
-    from viasd.models.pairs import load_pair
     from viasd.tasks import build_task
     from viasd.tracking.wandb_logger import WandbLogger
 
@@ -71,16 +98,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     gen.validate()
     if task.stop_strings and not gen.stop_strings:
         gen.stop_strings = list(task.stop_strings)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = identity(cfg)
     run_id = run_id_for(resolved)
     store = RunStore(cfg.tracking.store_dir)
-    if cfg.tracking.get("skip_finished", True) and store.is_finished(run_id):
-        print(f"[viasd] {run_id}: already finished in {store.path(run_id)}, skipping")
-        import json
-
-        return json.loads((store.path(run_id) / "summary.json").read_text())
+    done = _finished(cfg, resolved)
+    if done is not None:
+        return done
     examples = task.examples()
-    pair = load_pair(cfg.pair)
+    pair = cached_pair(cfg.pair)
     run_dir = store.open(run_id, resolved)
     wb = WandbLogger(cfg.tracking, resolved, run_id)
     results: list[DecodeResult] = []
@@ -122,3 +147,88 @@ def print_summary(summary: dict[str, Any], path) -> None:
         print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     print("-" * (width + 20))
     print(f"run folder: {path}")
+
+
+def _finished(cfg: DictConfig, resolved: dict[str, Any]) -> dict[str, Any] | None:
+    import json
+
+    store = RunStore(cfg.tracking.store_dir)
+    run_id = run_id_for(resolved)
+    if cfg.tracking.get("skip_finished", True) and store.is_finished(run_id):
+        print(f"[viasd] {run_id}: already finished in {store.path(run_id)}, skipping")
+        return json.loads((store.path(run_id) / "summary.json").read_text())
+    return None
+
+
+def run_search(cfg: DictConfig) -> dict[str, Any]:
+    """DIMR search for ``cfg.pair`` at ``cfg.search``; logs trials and the mask as a run."""
+    from pathlib import Path
+
+    from viasd.config import to_dataclass
+    from viasd.dimr.search import SearchConfig, search_mask
+    from viasd.tracking.wandb_logger import WandbLogger
+
+    _prepare(cfg)
+    scfg = to_dataclass(SearchConfig, cfg.search)
+    scfg.validate()
+    resolved = identity(cfg, "search")
+    done = _finished(cfg, resolved)
+    if done is not None and Path(done.get("path", "")).is_file():
+        return done
+    pair = cached_pair(cfg.pair)
+    art = search_mask(pair, scfg)
+    rnd = art["baselines"]["random"]
+    print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
+          f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")
+    print(f"  searched     {art['layers']}  KL(q||q')={art['kl_q_slim']:.4f}  top1={art['top1_agreement']:.3f}")
+    for name in ("first_k", "every_other"):
+        b = art["baselines"][name]
+        print(f"  {name:<12} {b['layers']}  KL(q||q')={b['kl_q_slim']:.4f}  top1={b['top1_agreement']:.3f}")
+    if rnd:
+        kls = sorted(r["kl_q_slim"] for r in rnd)
+        print(f"  random x{len(rnd)}   KL(q||q') min={kls[0]:.4f} median={kls[len(kls) // 2]:.4f}")
+    print(f"mask written to {art['path']}")
+    store = RunStore(cfg.tracking.store_dir)
+    run_dir = store.open(run_id_for(resolved), resolved)
+    for t in art["trials"]:
+        run_dir.log_example(t)
+    summary = {k: v for k, v in art.items() if k not in ("trials", "config")}
+    summary.update({"method": "dimr_search", "task": "calibration", "n_examples": art["n_trials"]})
+    run_dir.finish(summary)
+    wb = WandbLogger(cfg.tracking, resolved, run_dir.path.name)
+    wb.log_artifact(Path(art["path"]), f"mask-{pair.name}-keep{scfg.keep_ratio:.2f}", "dimr_mask")
+    wb.log_run(summary, run_dir.path)
+    wb.finish()
+    return summary
+
+
+def run_kl(cfg: DictConfig) -> dict[str, Any]:
+    """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
+    import json
+
+    from viasd.decoding.methods.viasd import SlimConfig
+    from viasd.dimr.masks import resolve_plan
+    from viasd.dimr.search import calibration_texts, kl_geometry
+
+    _prepare(cfg)
+    slim_node = OmegaConf.to_container(cfg.method, resolve=True).get("slim", {}) if "method" in cfg else {}
+    slim_cfg = to_dataclass(SlimConfig, slim_node)
+    calib = list(cfg.search.calibration)
+    resolved = identity(cfg, "kl")
+    done = _finished(cfg, resolved)
+    if done is not None:
+        return done
+    pair = cached_pair(cfg.pair)
+    _, plan, desc = resolve_plan(pair, slim_cfg)
+    if plan is None:
+        from viasd.errors import ConfigError
+
+        raise ConfigError("KL geometry is measured for routed slim verifiers; an independent model has no mask")
+    texts = calibration_texts(calib, int(cfg.search.n_calibration), int(cfg.seed))
+    out = kl_geometry(pair, list(plan.layers), texts, int(cfg.search.seq_len), int(cfg.search.batch_size))
+    out.update({"layers": list(plan.layers), "mask": desc, "method": "kl_geometry", "pair": pair.name,
+                "task": "+".join(calib), "keep_ratio": slim_cfg.keep_ratio})
+    print(json.dumps(out, indent=2))
+    run_dir = RunStore(cfg.tracking.store_dir).open(run_id_for(resolved), resolved)
+    run_dir.finish(out)
+    return out

@@ -94,7 +94,7 @@ def decode(
 
 def _load_builtin_methods() -> None:
     """Import the method modules so they register themselves."""
-    from viasd.decoding.methods import ar, hf_assisted, sd, viasd  # noqa: F401
+    from viasd.decoding.methods import ar, cascade_sd, faster_cascades, hf_assisted, sd, viasd  # noqa: F401
 
 
 _load_builtin_methods()

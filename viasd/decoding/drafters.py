@@ -51,6 +51,9 @@ class Drafter:
     """Base drafter. Subclasses implement :meth:`propose`."""
 
     name = "base"
+    #: ``[k', V]`` raw logits behind the last proposal (neural drafters; ``None`` otherwise), for
+    #: rules that decide on the temperature-1 distribution (e.g. ``faster_cascades``).
+    last_logits: torch.Tensor | None = None
 
     def propose(
         self, seq: torch.Tensor, k: int, gen: GenerationConfig, rng: torch.Generator | None, min_confidence: float = 0.0
@@ -86,6 +89,7 @@ class ModelDrafter(Drafter):
     def propose(self, seq, k, gen, rng, min_confidence=0.0):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
         cur = seq
         for _ in range(k):
             logits = self.stream.logits(cur)[0, -1]
@@ -95,9 +99,12 @@ class ModelDrafter(Drafter):
             x = sample(p, rng)
             tokens.append(x)
             probs.append(p)
+            raw.append(logits)
             cur = torch.cat([cur, x.view(1, 1)], dim=1)
         if not tokens:
+            self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
             return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
+        self.last_logits = torch.stack(raw)
         return torch.stack(tokens), torch.stack(probs)
 
     def stats(self):

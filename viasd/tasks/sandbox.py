@@ -15,9 +15,10 @@ Two modes, chosen once per process by :func:`sandbox_mode`:
 ``namespace`` (root with util-linux ``unshare``/``setpriv``/``mount``, as in our CI):
   the program runs in fresh network, PID and mount namespaces (``unshare``), as a fresh
   unprivileged uid/gid with no capabilities and ``no_new_privs`` (``setpriv``). The network
-  namespace has only a downed loopback, so every connection fails. The PID namespace makes
-  the program PID 1 of its own namespace: when it dies or is killed, the kernel kills every
-  process it forked, and it cannot see or signal host processes. ``RLIMIT_NPROC`` is
+  namespace has only a downed loopback, so every connection fails. In the PID namespace a
+  root-owned ``sh`` is PID 1 and the program its child: when the program ends or is killed,
+  ``sh`` exits and the kernel kills every process left in the namespace; the program cannot
+  see or signal host processes (``/proc`` is the namespace's own). ``RLIMIT_NPROC`` is
   enforced because the uid is not root and is unique to the run, so a fork bomb stops at
   ``max_procs`` processes and cannot starve concurrent runs. ``/tmp``, ``/var/tmp``,
   ``/run/lock`` and ``/dev/shm`` (the world-writable places) are replaced by small private
@@ -25,9 +26,14 @@ Two modes, chosen once per process by :func:`sandbox_mode`:
   is owned by root, so writing outside the working directory fails (or lands in a tmpfs
   that vanishes with the run).
 
-``basic`` (not root, or the tools are missing): a new session, the same resource limits,
-  a temporary working directory, and an audit hook that refuses socket creation. The
-  filesystem is then protected only by the invoking user's permissions.
+``basic`` (the tools are missing or fail, or forced): a new session, the same resource
+  limits, a temporary working directory, and an audit hook that refuses socket creation.
+  As root the program still runs as a fresh unprivileged uid (so ``RLIMIT_NPROC`` holds and
+  root-owned files are read-only to it), but the world-writable directories are shared and
+  there is no PID namespace (leftover processes are killed through the process group). As
+  a normal user the filesystem is protected only by that user's permissions. Generated
+  code is never run as root: if no interpreter works for the fresh uid, runs report
+  ``"error"``.
 
 Set ``VIASD_SANDBOX_MODE=basic`` to force the fallback and ``VIASD_SANDBOX_PYTHON`` to pick
 the interpreter (default: the first of ``sys.executable``, ``/usr/bin/python3`` that the
@@ -56,7 +62,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SandboxResult", "run_program", "run_programs", "sandbox_mode", "sandbox_python"]
+__all__ = [
+    "SandboxResult",
+    "drops_privileges",
+    "run_program",
+    "run_programs",
+    "sandbox_mode",
+    "sandbox_python",
+]
 
 # Exit status the setup stage uses when the sandbox itself could not be built.
 _SETUP_FAILED = 125
@@ -152,14 +165,15 @@ def _next_uid() -> int:
     return _UID_BASE + (os.getpid() % 20_000) * 1_000 + n % 1_000
 
 
-def _namespace_prefix(uid: int, tmpfs_mb: int) -> list[str]:
+def _namespace_prefix(uid: int | None, tmpfs_mb: int) -> list[str]:
     return [
         "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
         "sh", "-c", _STAGE, "viasd-sandbox", str(uid), f"{tmpfs_mb}m",
     ]  # fmt: skip
 
 
-def _probe_version(cmd: list[str], cwd: str | None = None) -> str | None:
+def _probe_version(cmd: list[str], cwd: str | None = None, user: int | None = None) -> str | None:
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
     try:
         out = subprocess.run(
             cmd,
@@ -168,7 +182,8 @@ def _probe_version(cmd: list[str], cwd: str | None = None) -> str | None:
             timeout=20,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            env=_minimal_env("/tmp"),
+            env=_minimal_env(cwd or "/tmp"),
+            **kw,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -178,9 +193,42 @@ def _probe_version(cmd: list[str], cwd: str | None = None) -> str | None:
 _VERSION_CODE = "import sys; print(sys.version, sys.prefix)"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    mode: str  # namespace | basic
+    python: str
+    drop_uid: bool  # run as a fresh unprivileged uid (we are root)
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _first_usable(candidates: list[str], namespace: bool) -> str | None:
+    """The first interpreter a fresh uid runs as the same installation root sees."""
+    workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
+    try:
+        uid = _next_uid()
+        os.chown(workdir, uid, uid)
+        for py in candidates:
+            as_root = _probe_version([py, "-I", "-c", _VERSION_CODE])
+            if namespace:
+                cmd = _namespace_prefix(uid, 16) + [py, "-I", "-c", _VERSION_CODE]
+                sandboxed = _probe_version(cmd, cwd=workdir)
+            else:
+                sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], cwd=workdir, user=uid)
+            # Same version and prefix: not, e.g., a system libpython picked up because the
+            # real one sits under a private /root.
+            if as_root and sandboxed == as_root:
+                return py
+        return None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 @functools.lru_cache(maxsize=1)
-def _select() -> tuple[str, str]:
-    """(mode, python) for this process; probes the namespace tools once."""
+def _select() -> _Plan:
+    """How this process runs sandboxed programs; probes the tools once."""
     forced = os.environ.get("VIASD_SANDBOX_MODE", "").strip().lower()
     if forced not in ("", "basic", "namespace"):
         log.warning("VIASD_SANDBOX_MODE=%r ignored (use basic or namespace)", forced)
@@ -191,44 +239,48 @@ def _select() -> tuple[str, str]:
     if not candidates:
         raise RuntimeError("no Python interpreter found for the sandbox; set VIASD_SANDBOX_PYTHON")
 
-    if forced != "basic" and hasattr(os, "geteuid") and os.geteuid() == 0 and _tools_present():
-        workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
-        try:
-            uid = _next_uid()
-            os.chown(workdir, uid, uid)
-            for py in candidates:
-                as_root = _probe_version([py, "-I", "-c", _VERSION_CODE])
-                sandboxed = _probe_version(
-                    _namespace_prefix(uid, 16) + [py, "-I", "-c", _VERSION_CODE], cwd=workdir
-                )
-                # The sandbox uid must see the same installation (not, e.g., a system
-                # libpython picked up because the real one sits under a private /root).
-                if as_root and sandboxed == as_root:
-                    return "namespace", py
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        msg = "namespace sandbox unavailable (unshare/setpriv probe failed for %s); using basic mode"
+    if forced != "basic" and _is_root() and _tools_present():
+        py = _first_usable(candidates, namespace=True)
+        if py:
+            return _Plan("namespace", py, True)
+        msg = f"namespace sandbox unavailable (unshare/setpriv probe failed for {candidates})"
         if forced == "namespace":
-            raise RuntimeError(msg % candidates)
-        log.warning(msg, candidates)
+            raise RuntimeError(msg)
+        log.warning("%s; using basic mode", msg)
     elif forced == "namespace":
         raise RuntimeError("VIASD_SANDBOX_MODE=namespace needs root and util-linux unshare/setpriv/mount")
-    else:
-        log.warning(
-            "code sandbox in basic mode (not root or unshare/setpriv missing): no network/PID/mount "
-            "namespaces; filesystem protected only by the current user's permissions"
+    if _is_root():
+        py = _first_usable(candidates, namespace=False)
+        if py:
+            log.warning(
+                "code sandbox in basic mode: fresh unprivileged uid and resource limits, but no "
+                "network/PID/mount namespaces (sockets are refused by an audit hook)"
+            )
+            return _Plan("basic", py, True)
+        raise RuntimeError(
+            f"no interpreter among {candidates} is usable by an unprivileged uid; refusing to run "
+            "generated code as root. Set VIASD_SANDBOX_PYTHON to a world-readable python"
         )
-    return "basic", (env_py or sys.executable)
+    log.warning(
+        "code sandbox in basic mode (not root): resource limits and a socket audit hook, no "
+        "namespaces; the filesystem is protected only by the current user's permissions"
+    )
+    return _Plan("basic", env_py or sys.executable, False)
 
 
 def sandbox_mode() -> str:
     """``"namespace"`` or ``"basic"``: how :func:`run_program` isolates programs here."""
-    return _select()[0]
+    return _select().mode
 
 
 def sandbox_python() -> str:
     """The interpreter that sandboxed programs run with."""
-    return _select()[1]
+    return _select().python
+
+
+def drops_privileges() -> bool:
+    """True when programs run as a fresh unprivileged uid (the harness runs as root)."""
+    return _select().drop_uid
 
 
 def _minimal_env(home: str) -> dict[str, str]:
@@ -277,7 +329,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
     return proc.wait(timeout=timeout_s)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, namespace: bool) -> None:
     """SIGKILL everything the program started, then reap the launched process.
 
     The children of the launched process are killed first: in namespace mode that is the
@@ -285,10 +337,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
     still alive to reap it (killing ``unshare`` first would leave the init a zombie of the
     host's init). Then the whole process group goes, for anything left (basic mode).
     """
-    try:
-        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    except OSError:
-        kids = []
+    kids: list[str] = []
+    if namespace:
+        try:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            pass
     for k in kids:
         try:
             os.kill(int(k), signal.SIGKILL)
@@ -324,7 +378,7 @@ def run_program(
     """
     t0 = time.monotonic()
     try:
-        mode, python = _select()
+        plan = _select()
     except RuntimeError as e:
         return SandboxResult(False, "error", str(e), time.monotonic() - t0)
     workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
@@ -333,26 +387,24 @@ def run_program(
     try:
         prog = Path(workdir) / "program.py"
         prog.write_text(code, encoding="utf-8")
-        limits = [
-            memory_mb * 1024 * 1024,
-            max_procs,
-            max_file_mb * 1024 * 1024,
-            math.ceil(timeout_s) + 1,
-            256,
-        ]
-        if mode == "namespace":
-            uid = _next_uid()
+        nproc = max_procs if plan.drop_uid else -max_procs  # relative to the user's tasks (see _BOOTSTRAP)
+        limits = [memory_mb * 1024 * 1024, nproc, max_file_mb * 1024 * 1024, math.ceil(timeout_s) + 1, 256]
+        guard = "0" if plan.mode == "namespace" else "1"
+        boot = [plan.python, "-I", "-B", "-c", _BOOTSTRAP, *map(str, limits), guard, "program.py"]
+        popen_kw: dict = {}
+        uid = _next_uid() if plan.drop_uid else None
+        if uid is not None:
             os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
             os.chown(prog, uid, uid)
-            boot = [python, "-I", "-B", "-c", _BOOTSTRAP, *map(str, limits), "0", "program.py"]
+        if plan.mode == "namespace":
             cmd = _namespace_prefix(uid, max(16, max_file_mb * 2)) + boot
             env = _minimal_env("/tmp/work")
         else:
-            limits[1] = -max_procs  # relative to the user's current tasks (see _BOOTSTRAP)
-            boot = [python, "-I", "-B", "-c", _BOOTSTRAP, *map(str, limits), "1", "program.py"]
             cmd = boot
             env = _minimal_env(workdir)
+            if uid is not None:
+                popen_kw = {"user": uid, "group": uid, "extra_groups": []}
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -363,25 +415,26 @@ def run_program(
                 stderr=subprocess.STDOUT,
                 close_fds=True,
                 start_new_session=True,
+                **popen_kw,
             )
         except OSError as e:
             return SandboxResult(False, "error", f"could not start the sandbox: {e}", time.monotonic() - t0)
         try:
             rc = _wait(proc, timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            _kill_group(proc, plan.mode == "namespace")
             return SandboxResult(
                 False, "timeout", f"timed out after {timeout_s:g} s\n{_tail(out)}", time.monotonic() - t0
             )
         # The program's children die with it (PID namespace); in basic mode kill stragglers.
-        _kill_group(proc)
+        _kill_group(proc, plan.mode == "namespace")
         detail = _tail(out)
         seconds = time.monotonic() - t0
         if rc == 0:
             return SandboxResult(True, "passed", detail, seconds)
         if rc == _SETUP_FAILED and _SETUP_MARKER in detail:
             return SandboxResult(False, "error", detail, seconds)
-        sig = -rc if rc < 0 else (rc - 128 if mode == "namespace" and 128 < rc < 128 + 65 else 0)
+        sig = -rc if rc < 0 else (rc - 128 if plan.mode == "namespace" and 128 < rc < 128 + 65 else 0)
         if sig:
             try:
                 name = signal.Signals(sig).name
@@ -393,7 +446,7 @@ def run_program(
         return SandboxResult(False, "failed", detail, seconds)
     except Exception as e:  # the harness must survive whatever a sample does
         if proc is not None:
-            _kill_group(proc)
+            _kill_group(proc, plan.mode == "namespace")
         return SandboxResult(False, "error", f"{type(e).__name__}: {e}", time.monotonic() - t0)
     finally:
         out.close()

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 #: Config keys that do not change a run's result (excluded from its identity hash).
-VOLATILE_KEYS = ("tracking", "hydra", "threads")
+VOLATILE_KEYS = ("tracking", "hydra", "threads", "exp")
 
 
 def _jsonable(x: Any) -> Any:

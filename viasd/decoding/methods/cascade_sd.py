@@ -1,0 +1,325 @@
+"""``cascade_sd``: Cascade Speculative Drafting (Chen et al. 2023, "Cascade Speculative Drafting
+for Even Faster LLM Inference").
+
+This module owns the cascade drafter and the method:
+
+* **Vertical cascade** (:class:`VerticalDrafter`): a neural drafter's own autoregressive drafting
+  is itself speculative — a smaller drafter (down to the statistical ``ngram`` model, which has
+  no neural cost) proposes tokens, the neural drafter scores them in one forward and keeps them
+  with the SD rules (:func:`~viasd.decoding.rules.verify_block`), adding its own correction or
+  bonus token. Chains of any depth (``self`` ← ``model`` ← ``ngram``) nest.
+* **Horizontal cascade** (:class:`CascadeDrafter`): the block is split by position — larger
+  drafters propose the earlier positions (whose acceptance matters most), smaller ones the later
+  positions (``levels[i].tokens`` each; the last level drafts any surplus).
+* The method: each round the cascade drafts a block and the target verifies it exactly as in
+  ``sd``. Registered also as the ``cascade`` drafter, so ``sd``/``faster_cascades``/``viasd`` can
+  draft with the default cascade (:data:`DEFAULT_LEVELS`).
+
+Why it is lossless w.r.t. the target: the target's SD verification needs, for each drafted
+position, the distribution the token was actually drawn from given the tokens before it. A
+level's plain drafter returns exactly that. A vertical level emits tokens accepted by SD
+(distributed as the verifying model's ``p`` — speculative sampling is exact), residual samples
+(which complete the accepted part to ``p``) and bonus samples from ``p``: whatever the smaller
+drafter proposed, each emitted token is distributed as ``p(· | prefix)``, so the vertical drafter
+returns ``p`` of the verifying (top) model at that position — never the smaller drafter's
+proposal distribution. Early stops depend only on the prefix (stopping times), so they do not
+bias the kept tokens. Greedy: every ``p`` is one-hot and a vertical level emits exactly its top
+model's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from viasd.config import to_dataclass
+from viasd.decoding.api import register_method
+from viasd.decoding.cache import ModelStats, Stream, start_sequence
+from viasd.decoding.drafters import DRAFTERS, Drafter, DrafterConfig, LengthPolicy, ModelDrafter, make_drafter
+from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.decoding.rules import verify_block
+from viasd.decoding.sampling import confidence, probs_from_logits
+from viasd.errors import ConfigError
+
+
+@dataclass
+class CascadeLevel:
+    """One horizontal level of the cascade.
+
+    ``name`` drafts ``tokens`` consecutive block positions. ``vertical`` lists smaller drafters
+    below it (vertical cascade): ``vertical[0]`` proposes ``vertical_tokens[0]`` tokens per inner
+    round and ``name`` verifies them; ``vertical[1]`` does the same for ``vertical[0]``; and so on.
+    Every member but the last must be a model drafter (``model`` or ``self``).
+    """
+
+    name: str = "model"
+    tokens: int = 3
+    vertical: list[str] = field(default_factory=list)
+    vertical_tokens: list[int] | int = 2
+
+
+#: The cascade the ``cascade`` drafter uses under other methods, and ``cascade_sd``'s default:
+#: the draft model (accelerated by the n-gram model) for the first 3 positions, the n-gram
+#: model for the rest.
+DEFAULT_LEVELS = (
+    {"name": "model", "tokens": 3, "vertical": ["ngram"], "vertical_tokens": [2]},
+    {"name": "ngram", "tokens": 2, "vertical": [], "vertical_tokens": []},
+)
+
+_NON_NEURAL = ("ngram",)  # registered drafters that cannot score proposals
+
+
+def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
+    """Validate and type a cascade description (list of dicts / :class:`CascadeLevel`)."""
+    import viasd.models.routing  # noqa: F401  (registers the ``self`` drafter)
+
+    if not isinstance(levels, (list, tuple)) or not levels:
+        raise ConfigError(f"{where} must be a non-empty list of levels like "
+                          f"{{name: model, tokens: 3, vertical: [ngram]}} (got {levels!r})")
+    out = []
+    for i, raw in enumerate(levels):
+        at = f"{where}[{i}]"
+        lv = to_dataclass(CascadeLevel, dict(raw) if isinstance(raw, dict) else raw)
+        vertical = [lv.vertical] if isinstance(lv.vertical, str) else list(lv.vertical or [])
+        vt = lv.vertical_tokens
+        vt = [vt] * len(vertical) if isinstance(vt, int) else list(vt or [])
+        if len(vt) != len(vertical):
+            raise ConfigError(f"{at}.vertical_tokens needs one count per vertical drafter "
+                              f"({len(vertical)} for {vertical}), got {lv.vertical_tokens!r}")
+        if not isinstance(lv.tokens, int) or lv.tokens < 1:
+            raise ConfigError(f"{at}.tokens must be an integer >= 1 (got {lv.tokens!r})")
+        if any(not isinstance(t, int) or t < 1 for t in vt):
+            raise ConfigError(f"{at}.vertical_tokens must be integers >= 1 (got {vt})")
+        chain = [lv.name, *vertical]
+        for name in chain:
+            if name == "cascade" or name not in DRAFTERS:
+                known = [n for n in DRAFTERS.names() if n != "cascade"]
+                raise ConfigError(f"{at}: unknown cascade drafter {name!r}; use one of {', '.join(known)}")
+        if len(set(chain)) != len(chain):
+            raise ConfigError(f"{at}: a drafter appears twice in the vertical chain {chain}")
+        for name in chain[:-1]:
+            if name in _NON_NEURAL:
+                raise ConfigError(f"{at}: {name!r} cannot verify proposals of a smaller drafter "
+                                  f"(chain {chain}); only model drafters (model, self) can sit above another")
+        out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt))
+    return out
+
+
+@dataclass
+class CascadeSDConfig:
+    """Cascade SD knobs: the cascade (``levels``), the block length and shared drafter options.
+
+    ``gamma``: block length per target verification; ``None`` = sum of the levels' ``tokens``.
+    ``drafter``: options shared by every member (``ngram_max``/``ngram_min``, ``self`` layers,
+    the draft-length policy); its ``name`` must stay ``cascade`` — ``levels`` names the drafters.
+    """
+
+    levels: list = field(default_factory=lambda: [dict(lv) for lv in DEFAULT_LEVELS])
+    gamma: int | None = None
+    drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig(name="cascade"))
+
+    def validate(self) -> None:
+        if not isinstance(self.drafter, DrafterConfig):
+            raw = dict(self.drafter or {})
+            raw.setdefault("name", "cascade")
+            self.drafter = to_dataclass(DrafterConfig, raw)
+        if self.drafter.name != "cascade":
+            raise ConfigError(f"cascade_sd drafts with its cascade: set the drafters in method.levels "
+                              f"(got method.drafter.name={self.drafter.name!r}; leave it 'cascade')")
+        self.levels = cascade_levels(self.levels)
+        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
+            raise ConfigError(f"gamma must be an integer >= 1 or null (got {self.gamma!r}); "
+                              "null drafts sum(levels[*].tokens) tokens per round")
+
+    @property
+    def block(self) -> int:
+        """Tokens drafted per round (before the length policy adapts it)."""
+        return int(self.gamma) if self.gamma is not None else sum(lv.tokens for lv in self.levels)
+
+
+class VerticalDrafter(Drafter):
+    """Vertical cascade: ``upper`` (a model drafter) verifies ``lower``'s proposals with SD rules.
+
+    Args:
+        upper: the model whose distribution ``p`` the emitted tokens follow.
+        lower: a smaller drafter (any :class:`Drafter`, possibly another vertical one).
+        lower_tokens: tokens ``lower`` proposes per inner round.
+        upper_name, lower_name: labels used in counter names.
+    """
+
+    def __init__(self, upper: ModelDrafter, lower: Drafter, lower_tokens: int, upper_name: str, lower_name: str):
+        self.upper, self.lower, self.lower_tokens = upper, lower, lower_tokens
+        self.upper_name, self.lower_name = upper_name, lower_name
+        self.vocab = upper.vocab
+        self.drafted = 0  # tokens ``lower`` proposed to ``upper``
+        self.accepted = 0  # of those, accepted by ``upper``
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        """Up to ``k`` tokens distributed as ``upper``'s ``p``; returns ``(LongTensor[k'], p[k', V])``."""
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
+        cur, stop = seq, False
+        while len(tokens) < k and not stop:
+            # The smaller drafter proposes; ``upper`` scores them (+1 position) in one forward.
+            y, p_low = self.lower.propose(cur, min(self.lower_tokens, k - len(tokens) - 1), gen, rng, min_confidence)
+            m = y.shape[0]
+            logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1)[0]  # [m+1, V]
+            p_up = probs_from_logits(logits, gen)
+            n, token = verify_block(y, p_low, p_up, rng)
+            self.drafted += m
+            self.accepted += n
+            for j, t in enumerate(y[:n].tolist() + [token]):
+                if min_confidence > 0 and tokens and float(confidence(logits[j])) < min_confidence:
+                    stop = True  # same stop rule as ModelDrafter: top probability (temperature 1)
+                    break
+                tokens.append(int(t))
+                probs.append(p_up[j])  # the distribution this token is distributed as: upper's p
+                raw.append(logits[j])
+            cur = torch.cat([seq, seq.new_tensor(tokens).view(1, -1)], 1)
+        if not tokens:
+            self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
+            return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
+        self.last_logits = torch.stack(raw)
+        return seq.new_tensor(tokens), torch.stack(probs)
+
+    def counters(self) -> dict[str, int]:
+        """``{lower}_drafted_for_{upper}`` / ``{lower}_accepted_by_{upper}`` down the chain."""
+        out = {f"{self.lower_name}_drafted_for_{self.upper_name}": self.drafted,
+               f"{self.lower_name}_accepted_by_{self.upper_name}": self.accepted}
+        if isinstance(self.lower, VerticalDrafter):
+            out.update(self.lower.counters())
+        return out
+
+
+class CascadeDrafter(Drafter):
+    """Horizontal cascade over levels (each a plain or a :class:`VerticalDrafter`).
+
+    Level ``i`` drafts ``min(tokens_i, what is left of k)`` positions after the previous levels'
+    tokens; the last level drafts whatever is left. Under the confidence policy
+    (``min_confidence > 0``) a level that stops early ends the block; otherwise the next level
+    continues from where it stopped. After :meth:`propose`, ``last_levels[j]`` is the level that
+    drafted position ``j`` and ``last_logits`` the raw logits (``log p`` for n-gram positions).
+    """
+
+    name = "cascade"
+
+    def __init__(self, levels: list[tuple[Drafter, int]], members: dict[str, Drafter]):
+        self.levels = levels
+        self.members = members
+        self.vocab = next(iter(members.values())).vocab
+        self.last_levels: list[int] = []
+
+    @classmethod
+    def build(cls, pair, prompt_ids: torch.Tensor, levels: list[CascadeLevel], options: DrafterConfig) -> CascadeDrafter:
+        """Instantiate each named drafter once (levels share a drafter's stream) and wire the chains."""
+        members: dict[str, Drafter] = {}
+
+        def member(name: str) -> Drafter:
+            if name not in members:
+                members[name] = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
+            return members[name]
+
+        built = []
+        for i, lv in enumerate(levels):
+            chain = [lv.name, *lv.vertical]
+            d = member(chain[-1])
+            for upper_name, lower_name, k_low in reversed(list(zip(chain[:-1], chain[1:], lv.vertical_tokens))):
+                upper = member(upper_name)
+                if not isinstance(upper, ModelDrafter):
+                    raise ConfigError(f"method.levels[{i}]: {upper_name!r} cannot verify proposals of {lower_name!r}; "
+                                      "only model drafters (model, self) can sit above another in a vertical cascade")
+                d = VerticalDrafter(upper, d, k_low, upper_name, lower_name)
+            built.append((d, lv.tokens))
+        return cls(built, members)
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        """Cascade draft of up to ``k`` tokens: ``(LongTensor[k'], probs[k', V])``."""
+        tokens, probs, raw, owner = [], [], [], []
+        cur, done = seq, 0
+        for i, (drafter, n_i) in enumerate(self.levels):
+            want = k - done if i == len(self.levels) - 1 else min(n_i, k - done)
+            if want <= 0:
+                break
+            t, p = drafter.propose(cur, want, gen, rng, min_confidence)
+            if t.numel():
+                logits = drafter.last_logits
+                tokens.append(t)
+                probs.append(p)
+                raw.append(logits if logits is not None and logits.shape[0] == t.shape[0] else p.log())
+                owner += [i] * t.shape[0]
+                cur = torch.cat([cur, t.view(1, -1)], 1)
+                done += t.shape[0]
+            if min_confidence > 0 and t.shape[0] < want:
+                break
+        self.last_levels = owner
+        if not tokens:
+            self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
+            return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
+        self.last_logits = torch.cat(raw)
+        return torch.cat(tokens), torch.cat(probs)
+
+    def counters(self) -> dict[str, int]:
+        """Vertical-cascade counters per level, e.g. ``level0_ngram_accepted_by_model``."""
+        out: dict[str, int] = {}
+        for i, (drafter, _) in enumerate(self.levels):
+            if isinstance(drafter, VerticalDrafter):
+                out.update({f"level{i}_{k}": v for k, v in drafter.counters().items()})
+        return out
+
+    def stats(self) -> dict[str, ModelStats]:
+        out: dict[str, ModelStats] = {}
+        for d in self.members.values():
+            out.update(d.stats())
+        return out
+
+
+def cascade_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
+    """The ``cascade`` drafter for other methods: :data:`DEFAULT_LEVELS` with ``cfg``'s options."""
+    return CascadeDrafter.build(pair, prompt_ids, cascade_levels(list(DEFAULT_LEVELS), "the cascade drafter"), cfg)
+
+
+DRAFTERS.register("cascade")(cascade_drafter)
+
+
+@register_method("cascade_sd", CascadeSDConfig, lossless=True,
+                 description="Cascade Speculative Drafting (vertical + horizontal drafter cascades)")
+def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult:
+    """Cascade speculative drafting of one prompt ``[1, P]``; returns a :class:`DecodeResult`.
+
+    Counters: the usual ones, plus ``level{i}_drafted|accepted|rejected`` (target verdicts on the
+    positions level ``i`` drafted) and the vertical ones of :meth:`CascadeDrafter.counters`.
+    """
+    t0 = time.perf_counter()
+    target = Stream(pair.target, prompt_ids, "target")
+    drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter)
+    policy = LengthPolicy(cfg.drafter.length_policy, cfg.block, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
+    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
+    c, rounds = Counters(), []
+    while not out.done:
+        # Cascade drafting: larger levels first (horizontal), each possibly drafted itself (vertical).
+        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
+        k = draft.shape[0]
+        # The target verifies the block in one forward, with the standard SD rules.
+        q = probs_from_logits(target.logits(torch.cat([out.seq, draft.view(1, -1)], 1), last=k + 1)[0], gen)
+        n, token = verify_block(draft, p, q, rng)
+        emitted = out.commit(draft[:n].tolist() + [token])
+        policy.update(k, n)
+        c.rounds += 1
+        c.drafted += k
+        c.accepted += n
+        c.rejected += k - n
+        if emitted > n:
+            c.bonus += n == k
+            c.corrected += n < k
+        for j, level in enumerate(drafter.last_levels):
+            c.bump(f"level{level}_drafted")
+            c.bump(f"level{level}_accepted" if j < n else f"level{level}_rejected")
+        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted, extra={"levels": list(drafter.last_levels)}))
+    for key, value in drafter.counters().items():
+        c.bump(key, value)
+    return DecodeResult("cascade_sd", prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
+                        time.perf_counter() - t0, out.stop_reason)

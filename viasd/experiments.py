@@ -1,0 +1,130 @@
+"""Experiment grids: ``+exp=NAME`` expands an exp file into runs and executes them.
+
+An exp file (``conf/exp/NAME.yaml``, ``# @package _global_``) holds only an ``exp`` node::
+
+    exp:
+      name: table2
+      entry: run            # run | search | kl  (what each cell executes)
+      scale: local          # local | paper | smoke
+      grid: {method: [ar, sd], task: [xsum, gsm8k]}
+      scales:
+        local: {pair: [smollm2], task.n_examples: [20]}
+        paper: {pair: [gemma2-2b-9b], task.n_examples: [null]}
+        smoke: {pair: [tiny-llama], task.n_examples: [2]}
+
+Cells are the Cartesian product of ``grid`` and ``scales[scale]``; each cell is composed by Hydra
+from the command line's overrides plus the cell's, and run through the same code as a single
+run. Finished runs (same resolved config) are skipped, so a killed grid resumes where it
+stopped; a failing cell is reported and the others still run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from viasd.errors import ConfigError
+from viasd.paths import PROJECT_ROOT
+
+CONF_DIR = PROJECT_ROOT / "conf"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+def cell_overrides(exp: DictConfig | dict) -> list[list[str]]:
+    """The override lists of every cell of an exp node (group choices before their fields)."""
+    exp = OmegaConf.to_container(exp, resolve=True) if isinstance(exp, DictConfig) else exp
+    scale = exp.get("scale", "local")
+    scales = exp.get("scales") or {}
+    if scales and scale not in scales:
+        raise ConfigError(f"exp {exp.get('name')!r} has no scale {scale!r}; choose one of {', '.join(scales)}")
+    axes = {**(exp.get("grid") or {}), **(scales.get(scale) or {})}
+    keys = sorted(axes, key=lambda k: (k.count("."), list(axes).index(k)))
+    values = [axes[k] if isinstance(axes[k], list) else [axes[k]] for k in keys]
+    return [[f"{k}={_fmt(v)}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
+
+
+def compose_cells(base_overrides: list[str], exp_name: str | None = None, scale: str | None = None) -> list[DictConfig]:
+    """Compose every cell of an exp with Hydra (inside or outside a Hydra app)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    base = list(base_overrides)
+    if exp_name is not None and not any(o.lstrip("+").startswith("exp=") for o in base):
+        base.append(f"+exp={exp_name}")
+    if scale is not None:
+        base.append(f"exp.scale={scale}")
+
+    def _do() -> list[DictConfig]:
+        top = compose(config_name="config", overrides=base)
+        if "exp" not in top:
+            raise ConfigError("no exp selected; use +exp=NAME")
+        return [compose(config_name="config", overrides=base + cell) for cell in cell_overrides(top.exp)]
+
+    if GlobalHydra.instance().is_initialized():
+        return _do()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return _do()
+
+
+def run_cell(cfg: DictConfig) -> dict[str, Any]:
+    """Execute one composed cell according to ``exp.entry``."""
+    entry = OmegaConf.select(cfg, "exp.entry", default="run")
+    if entry == "run":
+        from viasd.runner import run
+
+        return run(cfg)
+    if entry == "search":
+        from viasd.runner import run_search
+
+        return run_search(cfg)
+    if entry == "kl":
+        from viasd.runner import run_kl
+
+        return run_kl(cfg)
+    raise ConfigError(f"unknown exp.entry {entry!r}; use run, search or kl")
+
+
+def run_exp(base_overrides: list[str]) -> int:
+    """Run every cell of the exp selected by ``base_overrides``; returns the number of failures."""
+    cells = compose_cells(base_overrides)
+    name = cells[0].exp.name if cells else "?"
+    print(f"[viasd] exp {name}: {len(cells)} runs")
+    failures = []
+    for i, cfg in enumerate(cells):
+        label = f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}"
+        print(f"[viasd] ({i + 1}/{len(cells)}) {label}")
+        try:
+            run_cell(cfg)
+        except ConfigError as e:
+            print(f"error in {label}: {e}", file=sys.stderr)
+            failures.append(label)
+        except Exception:  # one failing cell never stops the grid
+            traceback.print_exc()
+            failures.append(label)
+    if failures:
+        print(f"[viasd] exp {name}: {len(failures)} failed: {', '.join(failures)}", file=sys.stderr)
+    else:
+        print(f"[viasd] exp {name}: all {len(cells)} runs finished; build reports with `python -m experiments.report`")
+    return len(failures)
+
+
+def exp_names() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "exp").glob("*.yaml"))
+
+
+def exp_file(name: str) -> Path:
+    return CONF_DIR / "exp" / f"{name}.yaml"

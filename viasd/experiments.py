@@ -128,3 +128,24 @@ def exp_names() -> list[str]:
 
 def exp_file(name: str) -> Path:
     return CONF_DIR / "exp" / f"{name}.yaml"
+
+
+def sweep_command(exp_name: str, scale: str = "local", launcher: str | None = None) -> str:
+    """The equivalent ``python -m experiments.run -m …`` command of an exp grid.
+
+    Each cell becomes one Hydra multirun job, so a launcher (e.g. ``viasd_slurm``) can send
+    every cell to the cluster.
+    """
+    from omegaconf import OmegaConf
+
+    exp = OmegaConf.load(exp_file(exp_name)).exp
+    exp = OmegaConf.to_container(exp, resolve=True)
+    axes = {**(exp.get("grid") or {}), **((exp.get("scales") or {}).get(scale) or {})}
+    keys = sorted(axes, key=lambda k: (k.count("."), list(axes).index(k)))
+    parts = []
+    for k in keys:
+        vals = axes[k] if isinstance(axes[k], list) else [axes[k]]
+        parts.append(f"'{k}=" + ",".join(_fmt(v) for v in vals) + "'")
+    if launcher:
+        parts.insert(0, f"hydra/launcher={launcher}")
+    return "python -m experiments.run -m " + " ".join(parts)

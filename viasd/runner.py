@@ -53,6 +53,7 @@ def cached_pair(pair_cfg: DictConfig):
     """Load a pair once per process (grids reuse it across cells)."""
     import json
 
+    from viasd.models.pairs import load_pair
 
     key = json.dumps(OmegaConf.to_container(pair_cfg, resolve=True), sort_keys=True)
     if key not in _PAIRS:
@@ -96,8 +97,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         gen_cfg["max_new_tokens"] = int(task.max_new_tokens)
     gen = to_dataclass(GenerationConfig, gen_cfg)
     gen.validate()
-    if task.stop_strings and not gen.stop_strings:
-        gen.stop_strings = list(task.stop_strings)
     resolved = identity(cfg)
     run_id = run_id_for(resolved)
     store = RunStore(cfg.tracking.store_dir)
@@ -106,6 +105,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done
     examples = task.examples()
     pair = cached_pair(cfg.pair)
+    if not gen.stop_strings:
+        gen.stop_strings = list(task.stop_strings_for(pair.tokenizer))
     run_dir = store.open(run_id, resolved)
     wb = WandbLogger(cfg.tracking, resolved, run_id)
     results: list[DecodeResult] = []

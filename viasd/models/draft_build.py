@@ -90,10 +90,10 @@ class DraftBuildConfig:
     seq_len: int = 320
     batch: int = 16
     seed: int = 0
-    n_texts: int = 384
+    n_texts: int = 512
     n_heldout: int = 48
-    prompt_tokens: int = 192
-    gen_tokens: int = 64
+    prompt_tokens: int = 128
+    gen_tokens: int = 80
     gen_batch: int = 32
     topk: int = 16
     hard_weight: float = 0.5
@@ -345,10 +345,10 @@ def teacher_continuations(
             output_logits=True, return_dict_in_generate=True,
         )  # fmt: skip
         new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # [B, T_new, V]
-        lp = torch.log_softmax(logits, dim=-1)
-        top_lp, top_ids = lp.topk(cfg.topk, dim=-1)
-        del logits, lp
+        tops = [torch.log_softmax(step.float(), dim=-1).topk(cfg.topk, dim=-1) for step in out.logits]
+        top_lp = torch.stack([t.values for t in tops], dim=1)  # [B, T_new, k]
+        top_ids = torch.stack([t.indices for t in tops], dim=1)
+        del out, tops
         for row, i in enumerate(idx):
             toks = new[row]
             hits = (toks == eos).nonzero()
@@ -499,6 +499,19 @@ def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int =
     }
 
 
+def _length_bucketed_batches(lengths: Sequence[int], batch: int, gen: torch.Generator) -> list[list[int]]:
+    """One epoch of batches (seeded): shuffle, sort each window of 8 batches by length (less
+    padding), cut into batches, shuffle the batch order."""
+    perm = torch.randperm(len(lengths), generator=gen).tolist()
+    window = batch * 8
+    batches: list[list[int]] = []
+    for i in range(0, len(perm), window):
+        chunk = sorted(perm[i : i + window], key=lambda j: lengths[j])
+        batches += [chunk[k : k + batch] for k in range(0, len(chunk), batch)]
+    order = torch.randperm(len(batches), generator=gen).tolist()
+    return [batches[k] for k in order]
+
+
 def train_draft(
     draft: LlamaForCausalLM,
     train: Sequence[TeacherSeq],
@@ -523,12 +536,12 @@ def train_draft(
 
     draft.train()
     losses: list[float] = []
-    perm: list[int] = []
+    queue: list[list[int]] = []
     bar = _tqdm(range(cfg.steps), desc="distilling draft", disable=not progress)
     for step in bar:
-        if len(perm) < cfg.batch:
-            perm += torch.randperm(len(train), generator=gen).tolist()
-        chosen, perm = perm[: cfg.batch], perm[cfg.batch :]
+        if not queue:
+            queue = _length_bucketed_batches([len(s.prompt) + len(s.cont) for s in train], cfg.batch, gen)
+        chosen = queue.pop()
         ids, pos, tids, tlps = _batch([train[i] for i in chosen], cfg.seq_len)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
@@ -537,7 +550,7 @@ def train_draft(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 10 == 0:
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
     draft.eval()
@@ -619,13 +632,11 @@ def build_draft(
             torch.manual_seed(cfg.seed)
             train_p, held_p, source_tag = select_prompts(cfg, droot)
             _say(progress, f"draft build: {len(train_p)} training / {len(held_p)} held-out prompts ({source_tag})")
-            target_was_training = target.training
-            target.eval()
             t_gen = time.perf_counter()
-            train_seqs = teacher_continuations(target, tokenizer, train_p, cfg, progress)
-            held_seqs = teacher_continuations(target, tokenizer, held_p, cfg, progress, desc="held-out continuations")
+            train_seqs, held_seqs, teacher_cached = teacher_data(
+                target, tokenizer, cfg, train_p, held_p, out_dir.parent, progress
+            )
             t_gen = time.perf_counter() - t_gen
-            target.train(target_was_training)
             draft = init_draft(target, cfg)
             before = agreement(draft, held_seqs)
             t_train = time.perf_counter()
@@ -647,6 +658,7 @@ def build_draft(
             "train_tokens": int(sum(len(s.cont) for s in train_seqs)),
             "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "seconds_teacher": t_gen,
+            "teacher_data_reused": teacher_cached,
             "seconds_train": t_train,
             "seconds_total": time.perf_counter() - t0,
             "train_prompts": [f"{p.source}:{p.ref}" for p in train_p],
@@ -665,6 +677,52 @@ def build_draft(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def teacher_data(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: DraftBuildConfig,
+    train_p: Sequence[Prompt],
+    held_p: Sequence[Prompt],
+    drafts_root: Path,
+    progress: bool = True,
+) -> tuple[list[TeacherSeq], list[TeacherSeq], bool]:
+    """Teacher sequences for the training and held-out prompts, cached in
+    ``<drafts_root>/teacher-<hash>/`` (same manifest rules as the draft) so that rebuilding a
+    draft with other training knobs does not regenerate them. Returns ``(train, held, reused)``."""
+    key = {
+        "target": target_fingerprint(target),
+        "prompts": [f"{p.source}:{p.ref}:{_fingerprint(p.text)}" for p in (*train_p, *held_p)],
+        "knobs": [cfg.prompt_tokens, cfg.gen_tokens, cfg.gen_batch, cfg.topk],
+        "format": BUILD_FORMAT,
+    }
+    folder = drafts_root / f"teacher-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
+    with file_lock(drafts_root / f".{folder.name}.lock"):
+        reason = verify_manifest(folder)
+        if reason is None:
+            data = torch.load(folder / "teacher.pt", weights_only=True)
+            _say(progress, f"reusing cached teacher continuations {folder.name}")
+            return [TeacherSeq(**d) for d in data["train"]], [TeacherSeq(**d) for d in data["held"]], True
+        if reason != "missing":
+            remove_broken(folder, reason, progress)
+        was_training = target.training
+        target.eval()
+        try:
+            train = teacher_continuations(target, tokenizer, train_p, cfg, progress)
+            held = teacher_continuations(target, tokenizer, held_p, cfg, progress, desc="held-out continuations")
+        finally:
+            target.train(was_training)
+        tmp = Path(tempfile.mkdtemp(dir=drafts_root, prefix=f".tmp-{folder.name}-"))
+        try:
+            torch.save({"train": [dataclasses.asdict(x) for x in train], "held": [dataclasses.asdict(x) for x in held]},
+                       tmp / "teacher.pt")  # fmt: skip
+            write_manifest(tmp, {"tokens": int(sum(len(x.cont) for x in train)), "created_unix": time.time()})
+            atomic_publish(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return train, held, False
 
 
 def load_heldout(folder: Path) -> list[TeacherSeq]:

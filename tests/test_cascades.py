@@ -1,0 +1,258 @@
+"""Baselines from the paper's tables: ``cascade_sd`` (lossless) and ``faster_cascades`` (deferral rules)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from tests.conftest import FAMILIES, PROMPTS, tiny_pair
+from tests.test_sampling import P_THRESHOLD, exact_joint, tiny_vocab_pair
+from viasd.config import GenerationConfig
+from viasd.decoding.api import decode
+from viasd.decoding.cache import Stream, start_sequence
+from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixture, total_variation
+from viasd.decoding.drafters import DrafterConfig
+from viasd.decoding.methods.cascade_sd import CascadeDrafter, cascade_levels
+from viasd.decoding.sampling import probs_from_logits
+from viasd.errors import ConfigError
+
+# Cascades: the default (draft model accelerated by ngram, then ngram), a three-deep vertical chain
+# (self ← model ← ngram) plus horizontal levels, a purely horizontal one, and ngram alone.
+CASCADES = {
+    "default": None,
+    "deep": {"levels": [{"name": "self", "tokens": 3, "vertical": ["model", "ngram"], "vertical_tokens": [2, 1]},
+                        {"name": "model", "tokens": 1}, {"name": "ngram", "tokens": 1}]},
+    "horizontal": {"levels": [{"name": "model", "tokens": 2}, {"name": "ngram", "tokens": 3}]},
+    "ngram": {"levels": [{"name": "ngram", "tokens": 4}]},
+}
+
+
+def chi_square_pvalue(counts: dict, exact: dict) -> float:
+    """The chi-square test of tests/test_sampling.py (rare cells merged to expected count >= 5)."""
+    assert sum(counts.get(k, 0) for k in exact if exact[k] == 0) == 0  # never an impossible sequence
+    keys = [k for k in exact if exact[k] > 0]
+    n = sum(counts.values())
+    obs = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    exp = np.array([exact[k] for k in keys]) * n
+    order = np.argsort(exp)
+    obs, exp = obs[order], exp[order]
+    small = exp < 5
+    if small.any():
+        obs = np.append(obs[~small], obs[small].sum())
+        exp = np.append(exp[~small], exp[small].sum())
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+# ----------------------------------------------------------------------------------- cascade_sd
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cascade_sd_equals_greedy_target(family):
+    pair = tiny_pair(family)
+    names = list(CASCADES)
+    for i, prompt in enumerate(PROMPTS[1::5]):
+        ids = pair.encode(prompt)
+        gen = {"max_new_tokens": 15 + i, "ignore_eos": True}
+        ref = decode(pair, ids, "ar", gen=gen).tokens
+        for name in (names[i % 4], names[(i + 1) % 4]):
+            res = decode(pair, ids, "cascade_sd", CASCADES[name], gen=gen)
+            assert res.tokens == ref, (family, prompt, name)
+            c, t = res.counters, res.counters.tiers
+            assert c.accepted + c.rejected == c.drafted
+            levels = {int(k[5:].split("_")[0]) for k in t if k.endswith("_drafted") and "_for_" not in k}
+            assert sum(t[f"level{j}_drafted"] for j in levels) == c.drafted
+            assert sum(t.get(f"level{j}_accepted", 0) for j in levels) == c.accepted
+            assert res.models["target"].calls == c.rounds + pair.is_encoder_decoder  # + T5 encoder
+
+
+def test_cascade_sd_stops_at_eos_and_reports_vertical_counters():
+    pair = tiny_pair("llama")
+    ids = pair.encode(PROMPTS[7])
+    ref = decode(pair, ids, "ar", gen={"max_new_tokens": 30, "ignore_eos": True}).tokens
+    eos = next(t for i, t in enumerate(ref) if i >= 3 and t not in ref[:i])
+    res = decode(pair, ids, "cascade_sd", CASCADES["deep"], gen={"max_new_tokens": 30, "eos_token_ids": [eos]})
+    assert res.tokens == ref[:ref.index(eos) + 1] and res.stop_reason == "eos"
+    t = res.counters.tiers
+    assert t["level0_model_drafted_for_self"] >= t["level0_model_accepted_by_self"] > 0
+    assert t["level0_ngram_drafted_for_model"] >= t["level0_ngram_accepted_by_model"]
+    assert {"self_draft", "draft", "target"} <= set(res.models)
+
+
+def test_cascade_sd_sampling_follows_target_distribution():
+    """Same chi-square test as ``sd``. Round 1 drafts 3 tokens: positions 1–2 by ``self`` verifying
+    the draft model's proposals (vertical), position 3 by the n-gram model (horizontal)."""
+    pair = tiny_vocab_pair()
+    ids = torch.tensor([[0, 3, 1, 3, 1]])
+    gen = GenerationConfig(max_new_tokens=4, ignore_eos=True, temperature=1.0)
+    exact = exact_joint(pair, ids, gen, 3)
+    cfg = {"levels": [{"name": "self", "tokens": 2, "vertical": ["model"], "vertical_tokens": [1]},
+                      {"name": "ngram", "tokens": 1}],
+           "drafter": {"layers": [0]}}  # self = the target's first layer
+    counts: dict = {}
+    tiers: dict = {}
+    for seed in range(400):
+        res = decode(pair, ids, "cascade_sd", cfg, gen=gen, seed=seed)
+        key = tuple(res.tokens[:3])
+        counts[key] = counts.get(key, 0) + 1
+        for k, v in res.counters.tiers.items():
+            tiers[k] = tiers.get(k, 0) + v
+    p = chi_square_pvalue(counts, exact)
+    assert p > P_THRESHOLD, f"cascade_sd sampling differs from the target (p={p:.2e})"
+    # Both cascades were exercised: the vertical one accepted and rejected proposals.
+    assert 0 < tiers["level0_model_accepted_by_self"] < tiers["level0_model_drafted_for_self"]
+    assert tiers["level1_drafted"] > 0
+
+
+def test_vertical_drafter_returns_the_verifying_models_distribution():
+    """Tokens emitted by a vertical level carry the top model's ``p`` (never the proposer's)."""
+    pair = tiny_pair("qwen2")
+    ids = pair.encode(PROMPTS[7])
+    gen = GenerationConfig(temperature=1.0, top_k=20)
+    levels = cascade_levels([{"name": "model", "tokens": 6, "vertical": ["ngram"], "vertical_tokens": [3]},
+                             {"name": "ngram", "tokens": 2}])
+    drafter = CascadeDrafter.build(pair, ids, levels, DrafterConfig(name="cascade"))
+    seq = start_sequence(pair.target, ids)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        tokens, probs = drafter.propose(seq, 8, gen, rng)
+        full = torch.cat([seq, tokens.view(1, -1)], 1)
+        k = tokens.shape[0]
+        p_ref = probs_from_logits(Stream(pair.draft, ids, "check").logits(full[:, :-1], last=k)[0], gen)
+        for j, level in enumerate(drafter.last_levels):
+            if level == 0:
+                assert torch.allclose(probs[j], p_ref[j], atol=1e-5)
+            else:
+                assert probs[j, tokens[j]] == 1 and probs[j].sum() == 1
+        seq = full
+    counters = drafter.counters()
+    assert counters["level0_ngram_drafted_for_model"] > 0
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"levels": []}, "non-empty list"),
+    ({"levels": [{"name": "ngram", "tokens": 2, "vertical": ["model"]}]}, "cannot verify proposals"),
+    ({"levels": [{"name": "model", "tokens": 0}]}, "tokens must be an integer >= 1"),
+    ({"levels": [{"name": "model", "vertical": ["ngram"], "vertical_tokens": [1, 2]}]}, "one count per vertical"),
+    ({"levels": [{"name": "modle"}]}, "unknown cascade drafter 'modle'"),
+    ({"levels": [{"name": "cascade"}]}, "unknown cascade drafter 'cascade'"),
+    ({"levels": [{"name": "model", "vertical": ["model"]}]}, "appears twice"),
+    ({"levels": [{"name": "model", "depth": 2}]}, "unknown CascadeLevel keys"),
+    ({"drafter": {"name": "self"}}, "set the drafters in method.levels"),
+    ({"gamma": 0}, "gamma must be an integer >= 1 or null"),
+])
+def test_bad_cascade_config(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        decode(tiny_pair("llama"), "hello", "cascade_sd", cfg)
+
+
+def test_cascade_gamma_and_surplus_go_to_the_last_level():
+    pair = tiny_pair("llama")
+    res = decode(pair, pair.encode(PROMPTS[7]), "cascade_sd",
+                 {"levels": [{"name": "model", "tokens": 1}, {"name": "ngram", "tokens": 1}], "gamma": 4},
+                 {"max_new_tokens": 12, "ignore_eos": True})
+    first = res.rounds[0].extra["levels"]
+    assert first[0] == 0 and set(first[1:]) <= {1} and len(first) <= 4
+
+
+# ------------------------------------------------------------------------------ deferral rules
+
+P = torch.tensor([[0.6, 0.3, 0.1], [0.4, 0.35, 0.25]])
+Q = torch.tensor([[0.2, 0.5, 0.3], [0.1, 0.8, 0.1]])
+# max p = (.6, .4), max q = (.5, .8), TV(p, q) = (.4, .45).
+
+
+@pytest.mark.parametrize("rule,alpha,expected", [
+    ("chow", 0.45, [[0.6, 0.3, 0.1], [0.1, 0.8, 0.1]]),  # .6 >= .55 keeps p; .4 < .55 defers
+    ("chow", 0.7, [[0.6, 0.3, 0.1], [0.4, 0.35, 0.25]]),  # 1 - α = .3: both keep p
+    ("diff", 0.3, [[0.6, 0.3, 0.1], [0.1, 0.8, 0.1]]),  # .6 >= .2; .4 < .5
+    ("opt", 0.5, [[0.6, 0.3, 0.1], [0.1, 0.8, 0.1]]),  # .6 >= .5 - .2; .4 < .8 - .225
+    ("opt", 0.9, [[0.6, 0.3, 0.1], [0.4, 0.35, 0.25]]),  # .4 >= .8 - .405
+    ("token_v1", 0.3, [[0.62, 0.35, 0.03], [0.1, 0.8, 0.1]]),  # A = {0, 1} (p >= .2); A = {} (p >= .5)
+    ("token_v2", 0.25, [[0.12, 0.6, 0.28], [0.065, 0.87, 0.065]]),  # A = {1, 2} (q >= .25); A = {1} (q >= .55)
+    ("token_v3", 0.3, [[0.14, 0.65, 0.21], [0.065, 0.87, 0.065]]),  # A = {1} (q >= .35); A = {1} (q >= .56)
+])
+def test_deferral_rules_by_hand(rule, alpha, expected):
+    pi = RULES.get(rule)(P, Q, alpha)
+    assert torch.allclose(pi, torch.tensor(expected), atol=1e-6)
+    assert torch.allclose(pi.sum(-1), torch.ones(2))
+
+
+def test_rule_helpers_by_hand():
+    assert torch.allclose(total_variation(P, Q), torch.tensor([0.4, 0.45]))
+    assert torch.equal(total_variation(P, P), torch.zeros(2))
+    none, every = torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)
+    assert torch.equal(token_mixture(P, Q, none), Q) and torch.equal(token_mixture(P, Q, every), P)
+
+
+def test_rules_decide_on_decision_distributions_and_greedy_is_one_hot():
+    """Greedy: mixtures of one-hots ``p``, ``q``; decisions on the temperature-1 ``p1``, ``q1``."""
+    p, q = torch.tensor([[1.0, 0, 0]]), torch.tensor([[0, 1.0, 0]])
+    p1, q1 = P[:1], Q[:1]
+    assert torch.equal(RULES.get("chow")(p, q, 0.45, p1, q1), p)  # .6 >= .55
+    assert torch.equal(RULES.get("chow")(p, q, 0.3, p1, q1), q)  # .6 < .7
+    assert torch.equal(RULES.get("token_v1")(p, q, 0.3, p1, q1), p)  # A = {0, 1} holds p's token 0
+    assert torch.equal(RULES.get("token_v3")(p, q, 0.3, p1, q1), q)  # A = {1}
+    pi = target_distribution("token_v1", P, Q, 0.3, greedy=True)
+    assert torch.equal(pi, torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]))
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rule_limits_on_random_distributions(rule):
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(64, 50, generator=g).mul(3).softmax(-1)
+    q = torch.randn(64, 50, generator=g).mul(3).softmax(-1)
+    assert torch.equal(RULES.get(rule)(p, q, -2.0), q)
+    assert torch.equal(RULES.get(rule)(p, q, 1.0), p)
+    assert torch.allclose(RULES.get(rule)(p, q, 0.2).sum(-1), torch.ones(64), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- faster_cascades
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_lenience_giving_pi_equal_q_reproduces_sd_greedy(family):
+    pair = tiny_pair(family)
+    ids = pair.encode(PROMPTS[2])
+    gen = {"max_new_tokens": 18, "ignore_eos": True}
+    sd = decode(pair, ids, "sd", {"gamma": 3}, gen).tokens
+    assert sd == decode(pair, ids, "ar", gen=gen).tokens
+    for rule in sorted(RULES):
+        res = decode(pair, ids, "faster_cascades", {"gamma": 3, "rule": rule, "alpha": -2.0}, gen)
+        assert res.tokens == sd, rule
+        assert res.counters.tiers["deferred"] > 0
+
+
+def test_lenience_giving_pi_equal_q_reproduces_sd_sampling():
+    pair = tiny_pair("llama")
+    ids = pair.encode(PROMPTS[5])
+    gen = {"max_new_tokens": 16, "ignore_eos": True, "temperature": 1.0, "top_p": 0.9}
+    for seed in range(2):
+        sd = decode(pair, ids, "sd", {"gamma": 3}, gen, seed=seed)
+        for rule in sorted(RULES):
+            res = decode(pair, ids, "faster_cascades", {"gamma": 3, "rule": rule, "alpha": -2.0}, gen, seed=seed)
+            assert res.tokens == sd.tokens, (rule, seed)
+            assert res.counters.rejected == sd.counters.rejected
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lenience_giving_pi_equal_p_accepts_every_draft(temperature):
+    pair = tiny_pair("gemma2")
+    ids = pair.encode(PROMPTS[3])
+    gen = {"max_new_tokens": 16, "ignore_eos": True, "temperature": temperature}
+    for rule in sorted(RULES):
+        res = decode(pair, ids, "faster_cascades", {"gamma": 4, "rule": rule, "alpha": 1.0}, gen, seed=3)
+        assert res.counters.drafted > 0 and res.counters.rejected == 0 and res.rejection_rate == 0.0, rule
+        assert res.counters.accepted == res.counters.drafted
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"rule": "cho"}, "unknown deferral rule 'cho'"),
+    ({"alpha": "lots"}, "must be a number"),
+    ({"alpha": float("nan")}, "not NaN"),
+    ({"gamma": 0}, "gamma must be >= 1"),
+])
+def test_bad_faster_cascades_config(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        decode(tiny_pair("llama"), "hello", "faster_cascades", cfg)

@@ -81,20 +81,21 @@ def test_cascade_sd_stops_at_eos_and_reports_vertical_counters():
 
 
 def test_cascade_sd_sampling_follows_target_distribution():
-    """Same chi-square test as ``sd``. Round 1 drafts 3 tokens: positions 1–2 by ``self`` verifying
-    the draft model's proposals (vertical), position 3 by the n-gram model (horizontal)."""
+    """Same chi-square test as ``sd``, on the first two tokens. Round 1 drafts 4 tokens: 3 by ``self``
+    verifying the draft model's proposals (vertical), the 4th by the n-gram model (horizontal).
+    ``self`` keeps all target layers here, which makes a wrong ``p`` for accepted proposals show."""
     pair = tiny_vocab_pair()
     ids = torch.tensor([[0, 3, 1, 3, 1]])
-    gen = GenerationConfig(max_new_tokens=4, ignore_eos=True, temperature=1.0)
-    exact = exact_joint(pair, ids, gen, 3)
-    cfg = {"levels": [{"name": "self", "tokens": 2, "vertical": ["model"], "vertical_tokens": [1]},
+    gen = GenerationConfig(max_new_tokens=5, ignore_eos=True, temperature=1.0)
+    exact = exact_joint(pair, ids, gen, 2)
+    cfg = {"levels": [{"name": "self", "tokens": 3, "vertical": ["model"], "vertical_tokens": [2]},
                       {"name": "ngram", "tokens": 1}],
-           "drafter": {"layers": [0]}}  # self = the target's first layer
+           "drafter": {"layers": [0, 1]}}
     counts: dict = {}
     tiers: dict = {}
     for seed in range(400):
         res = decode(pair, ids, "cascade_sd", cfg, gen=gen, seed=seed)
-        key = tuple(res.tokens[:3])
+        key = tuple(res.tokens[:2])
         counts[key] = counts.get(key, 0) + 1
         for k, v in res.counters.tiers.items():
             tiers[k] = tiers.get(k, 0) + v

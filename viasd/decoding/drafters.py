@@ -9,6 +9,8 @@ verify them with the same rules. Registered drafters:
   n tokens (no neural cost; Saxena 2023 / transformers' prompt lookup decoding).
 * ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
   SWIFT; registered by :mod:`viasd.models.routing`.
+* ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal); registered by
+  :mod:`viasd.decoding.methods.cascade_sd`.
 
 How an EAGLE-style feature-level head plugs in: implement ``propose`` by running the head on
 the target's last hidden states (kept by a target :class:`~viasd.decoding.cache.Stream` that

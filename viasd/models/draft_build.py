@@ -38,6 +38,7 @@ import gzip
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -76,7 +77,7 @@ class DraftBuildConfig:
     per continuation position. Training: ``steps`` AdamW steps of ``batch`` sequences (at most
     ``seq_len`` tokens each) at peak learning rate ``lr``; ``hard_weight`` mixes the
     teacher-argmax CE into the soft top-k CE. ``seed`` fixes prompt selection, init and
-    batch order.
+    batch order. ``threads``: torch threads for the build (0 = :func:`auto_threads`).
     """
 
     name: str = "smollm2-draft"
@@ -100,7 +101,7 @@ class DraftBuildConfig:
     warmup: float = 0.05
     weight_decay: float = 0.01
     init_from_target: bool = True
-    threads: int = 2
+    threads: int = 0
 
     def key(self) -> dict:
         """The fields that define the built artifact (everything but ``threads``)."""
@@ -575,10 +576,25 @@ def _say(progress: bool, msg: str) -> None:
         print(f"[viasd] {msg}", file=sys.stderr, flush=True)
 
 
+def auto_threads(cap: int = 2) -> int:
+    """Threads worth using now: up to ``cap``, minus cores other processes keep busy.
+
+    On a shared CPU, a second torch thread makes small matmuls 5–10× *slower* (measured: a
+    16×576 @ 576×1536 matmul takes 0.7 ms with 1 thread, 7–9 ms with 2 while another process
+    runs), so the build uses 1 thread unless the machine looks idle.
+    """
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        busy = 0.0
+    return max(1, min(cap, cores - math.ceil(busy - 0.25)))
+
+
 @contextlib.contextmanager
 def _threads(n: int) -> Iterator[None]:
     before = torch.get_num_threads()
-    torch.set_num_threads(n)
+    torch.set_num_threads(n if n > 0 else auto_threads())
     try:
         yield
     finally:
@@ -629,6 +645,7 @@ def build_draft(
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".tmp-{out_dir.name}-"))
     try:
         with _threads(cfg.threads):
+            used_threads = torch.get_num_threads()
             torch.manual_seed(cfg.seed)
             train_p, held_p, source_tag = select_prompts(cfg, droot)
             _say(progress, f"draft build: {len(train_p)} training / {len(held_p)} held-out prompts ({source_tag})")
@@ -646,7 +663,7 @@ def build_draft(
             train_agree = agreement(draft, train_seqs[: cfg.n_heldout])
         info = {
             "config": cfg.key(),
-            "threads": cfg.threads,
+            "threads": used_threads,
             "data_source": source_tag,
             "target_fingerprint": target_fingerprint(target),
             "num_parameters": sum(p.numel() for p in draft.parameters()),
@@ -723,6 +740,39 @@ def teacher_data(
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return train, held, False
+
+
+@torch.inference_mode()
+def forward_cost_ms(
+    model: PreTrainedModel,
+    new_tokens: int = 1,
+    context: int = 128,
+    reps: int = 50,
+    threads: int = 1,
+    seed: int = 0,
+) -> float:
+    """Median wall time (ms) of one cached forward of ``new_tokens`` tokens after ``context``.
+
+    Measures ``model(input_ids[1, new_tokens], cache=…)`` on a cache already holding
+    ``context`` tokens (cropped back after every call), with ``threads`` torch threads, in the
+    model's own dtype. The draft/target ratio of this number is the ``c`` of the speedup
+    formula ``E / (γ·c + 1)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ctx = torch.randint(100, vocab - 1, (1, context + new_tokens), generator=gen)
+    with _threads(threads):
+        cache = model(ctx[:, :context], use_cache=True).cache
+        x = ctx[:, context:]
+        times = []
+        for i in range(reps + 3):
+            t = time.perf_counter()
+            model(x, cache=cache, use_cache=True)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+            cache.crop(-new_tokens)
+    times.sort()
+    return 1000.0 * times[len(times) // 2]
 
 
 def load_heldout(folder: Path) -> list[TeacherSeq]:

@@ -71,29 +71,52 @@ class RoutingPlan:
         return len(self.layers) == n_layers
 
 
+class CausalPath:
+    """One routed pass of a decoder-only model, layer by layer.
+
+    Prepares embeddings, positions, attention masks and rotary embeddings for ``input_ids``
+    (``[B, n]``, continuing ``cache`` when given), then :meth:`layer` applies one decoder layer by
+    its original index and :meth:`head` applies the final norm and LM head. :func:`routed_forward`
+    chains them over a plan; the DIMR search reuses prefixes of a plan across candidates.
+    """
+
+    def __init__(self, model, input_ids: torch.Tensor, cache=None):
+        self.model, self.inner, self.cache = model, model.model, cache
+        cfg = self.inner.config
+        self.embeds = self.inner.embed_tokens(input_ids)
+        past = cache.get_seq_length() if cache is not None else 0
+        self.position_ids = (torch.arange(self.embeds.shape[1], device=self.embeds.device) + past).unsqueeze(0)
+        kw = dict(config=cfg, inputs_embeds=self.embeds, attention_mask=None, cache=cache,
+                  position_ids=self.position_ids)
+        self.layer_types = getattr(cfg, "layer_types", None)
+        self.masks = {"full_attention": create_causal_mask(**kw)}
+        if self.layer_types and "sliding_attention" in self.layer_types:
+            self.masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        self.pos_emb = self.inner.rotary_emb(self.embeds, self.position_ids)
+
+    def layer(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Apply decoder layer ``i`` (original index) to ``hidden`` ``[B, n, H]``."""
+        mask = self.masks[self.layer_types[i]] if self.layer_types else self.masks["full_attention"]
+        return self.inner.layers[i](hidden, attention_mask=mask, position_embeddings=self.pos_emb,
+                                    position_ids=self.position_ids, cache=self.cache,
+                                    use_cache=self.cache is not None)
+
+    def head(self, hidden: torch.Tensor, last: int) -> torch.Tensor:
+        """Final norm + LM head (+ Gemma2 soft-capping) on the last ``last`` positions → ``[B, last, V]``."""
+        # Same order of operations as the library's forward (norm, slice, head) for identical logits.
+        logits = self.model.lm_head(self.inner.norm(hidden)[:, -last:])
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
 def _causal_routed(model, input_ids, cache, plan: RoutingPlan, last: int) -> torch.Tensor:
-    inner = model.model
-    cfg = inner.config
-    embeds = inner.embed_tokens(input_ids)
-    past = cache.get_seq_length()
-    position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + past).unsqueeze(0)
-    kw = dict(config=cfg, inputs_embeds=embeds, attention_mask=None, cache=cache, position_ids=position_ids)
-    layer_types = getattr(cfg, "layer_types", None)
-    masks = {"full_attention": create_causal_mask(**kw)}
-    if layer_types and "sliding_attention" in layer_types:
-        masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
-    hidden = embeds
-    pos_emb = inner.rotary_emb(hidden, position_ids)
+    path = CausalPath(model, input_ids, cache)
+    hidden = path.embeds
     for i in plan.layers:
-        mask = masks[layer_types[i]] if layer_types else masks["full_attention"]
-        hidden = inner.layers[i](hidden, attention_mask=mask, position_embeddings=pos_emb, position_ids=position_ids,
-                                 cache=cache, use_cache=True)
-    # Same order of operations as the library's forward (norm, slice, head) for identical logits.
-    logits = model.lm_head(inner.norm(hidden)[:, -last:])
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+        hidden = path.layer(i, hidden)
+    return path.head(hidden, last)
 
 
 def _t5_routed(model, input_ids, cache, plan: RoutingPlan, last: int, encoder_outputs) -> torch.Tensor:

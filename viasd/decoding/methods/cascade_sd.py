@@ -207,10 +207,10 @@ class CascadeDrafter(Drafter):
 
     name = "cascade"
 
-    def __init__(self, levels: list[tuple[Drafter, int]], members: dict[str, Drafter]):
+    def __init__(self, levels: list[tuple[Drafter, int]], members: dict[str, Drafter], vocab: int):
         self.levels = levels
         self.members = members
-        self.vocab = next(iter(members.values())).vocab
+        self.vocab = vocab
         self.last_levels: list[int] = []
 
     @classmethod
@@ -234,7 +234,7 @@ class CascadeDrafter(Drafter):
                                       "only model drafters (model, self) can sit above another in a vertical cascade")
                 d = VerticalDrafter(upper, d, k_low, upper_name, lower_name)
             built.append((d, lv.tokens))
-        return cls(built, members)
+        return cls(built, members, int(pair.target.get_output_embeddings().weight.shape[0]))
 
     def propose(self, seq, k, gen, rng, min_confidence=0.0):
         """Cascade draft of up to ``k`` tokens: ``(LongTensor[k'], probs[k', V])``."""

@@ -39,6 +39,17 @@ class Counters:
         """Increment a method-specific counter."""
         self.tiers[key] = self.tiers.get(key, 0) + n
 
+    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+        """Count one standard verification round: ``drafted`` proposed, ``accepted`` kept, then
+        ``emitted`` tokens committed (a bonus after a full block, a correction otherwise)."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejected += drafted - accepted
+        if emitted > accepted:
+            self.bonus += accepted == drafted
+            self.corrected += accepted < drafted
+
 
 @dataclass
 class RoundRecord:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

@@ -308,13 +308,7 @@ def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult
         n, token = verify_block(draft, p, q, rng)
         emitted = out.commit(draft[:n].tolist() + [token])
         policy.update(k, n)
-        c.rounds += 1
-        c.drafted += k
-        c.accepted += n
-        c.rejected += k - n
-        if emitted > n:
-            c.bonus += n == k
-            c.corrected += n < k
+        c.record_round(k, n, emitted)
         for j, level in enumerate(drafter.last_levels):
             c.bump(f"level{level}_drafted")
             c.bump(f"level{level}_accepted" if j < n else f"level{level}_rejected")

@@ -132,13 +132,7 @@ def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> De
             token = int(sample(pi_next, rng))
         emitted = out.commit(y[:n].tolist() + [token])
         policy.update(k, n)
-        c.rounds += 1
-        c.drafted += k
-        c.accepted += n
-        c.rejected += k - n
-        if emitted > n:
-            c.bonus += n == k
-            c.corrected += n < k
+        c.record_round(k, n, emitted)
         rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted))
     return DecodeResult("faster_cascades", prompt_ids.shape[1], out.new, rounds, c,
                         {**drafter.stats(), "target": target.stats}, time.perf_counter() - t0, out.stop_reason)

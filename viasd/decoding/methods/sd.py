@@ -52,13 +52,7 @@ def sd(pair, prompt_ids, cfg: SDConfig, gen, rng) -> DecodeResult:
         n, token = verify_block(draft, p, q, rng)
         emitted = out.commit(draft[:n].tolist() + [token])
         policy.update(k, n)
-        c.rounds += 1
-        c.drafted += k
-        c.accepted += n
-        c.rejected += k - n
-        if emitted > n:
-            c.bonus += n == k
-            c.corrected += n < k
+        c.record_round(k, n, emitted)
         rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted))
     return DecodeResult("sd", prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
                         time.perf_counter() - t0, out.stop_reason)

@@ -1,0 +1,24 @@
+"""The benchmark command runs end to end and writes its JSON (speed goals live there, not here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from viasd.paths import PROJECT_ROOT
+
+
+def test_bench_command_prints_table_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    r = subprocess.run([sys.executable, "-m", "experiments.bench", "pair=tiny-llama", "n_prompts=2", "max_new_tokens=8",
+                        f"out={out}", "+variants.sd_ngram={method: sd, gamma: 3, drafter: {name: ngram}}"],
+                       cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| variant | tokens_per_s | speedup_vs_ar |" in r.stdout
+    rows = {row["variant"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "sd", "hf_assisted", "sd_ngram"}
+    assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["sd"]["agreement_with_ar"] == 1.0
+    assert rows["sd"]["target_calls"] < rows["ar"]["target_calls"] or rows["sd"]["rejection_rate"] > 0.5

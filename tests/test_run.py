@@ -1,0 +1,66 @@
+"""`python -m experiments.run` writes a complete run folder; bad input is one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from viasd.paths import PROJECT_ROOT
+from viasd.runner import run
+
+SUMMARY_KEYS = {"method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s", "rejection_rate",
+                "mean_accepted"}
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "hf_assisted", "viasd", "cascade_sd", "faster_cascades"])
+def test_run_writes_config_summary_examples(method, runs_dir):
+    s = run(_cfg("pair=tiny-llama", f"method={method}", "generation.max_new_tokens=6"))
+    assert SUMMARY_KEYS <= set(s)
+    d = runs_dir / s["run_id"]
+    assert (d / "config.yaml").is_file() and (d / "meta.json").is_file()
+    assert json.loads((d / "summary.json").read_text())["n_examples"] == s["n_examples"] > 0
+    lines = [json.loads(x) for x in (d / "examples.jsonl").read_text().splitlines()]
+    assert len(lines) == s["n_examples"] and all(len(x["token_ids"]) <= 6 and "prediction" in x for x in lines)
+    again = run(_cfg("pair=tiny-llama", f"method={method}", "generation.max_new_tokens=6"))
+    assert again["run_id"] == s["run_id"] and (d / "summary.json").stat().st_mtime_ns == \
+        (runs_dir / s["run_id"] / "summary.json").stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("suffix,content", [
+    (".jsonl", '{"prompt": "Hello there"}\n{"prompt": "Second prompt"}\n'),
+    (".txt", "Hello there\n\nSecond prompt\n"),
+])
+def test_user_prompt_files(suffix, content, runs_dir, tmp_path):
+    f = tmp_path / f"p{suffix}"
+    f.write_text(content)
+    s = run(_cfg("pair=tiny-qwen2", "method=sd", "task=prompts", f"task.path={f}", "generation.max_new_tokens=4"))
+    assert s["n_examples"] == 2
+    rows = [json.loads(x) for x in (runs_dir / s["run_id"] / "examples.jsonl").read_text().splitlines()]
+    assert "Second prompt" in rows[1]["prompt"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["method.name=sdd"], "unknown method 'sdd'. Did you mean 'sd'?"),
+    (["method.gamma=0"], "gamma must be >= 1"),
+    (["generation.temperature=-1"], "temperature must be >= 0"),
+    (["generation.max_new_tokens=0"], "max_new_tokens must be >= 1"),
+    (["task=prompts", "task.path=/nonexistent/prompts.jsonl"], "/nonexistent/prompts.jsonl"),
+])
+def test_cli_errors_are_one_line(args, needle, tmp_path):
+    env = {**os.environ, "VIASD_RUNS_DIR": str(tmp_path), "WANDB_MODE": "disabled"}
+    r = subprocess.run([sys.executable, "-m", "experiments.run", "pair=tiny-llama", *args], cwd=PROJECT_ROOT,
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and needle in err[0], r.stderr
+    assert "Traceback" not in r.stderr

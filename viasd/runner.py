@@ -176,7 +176,7 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     done = _finished(cfg, resolved)
     if done is not None and Path(done.get("path", "")).is_file():
         return done
-    pair = cached_pair(cfg.pair)
+    pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
     art = search_mask(pair, scfg)
     rnd = art["baselines"]["random"]
     print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
@@ -219,7 +219,7 @@ def run_kl(cfg: DictConfig) -> dict[str, Any]:
     done = _finished(cfg, resolved)
     if done is not None:
         return done
-    pair = cached_pair(cfg.pair)
+    pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": cfg.search.get("dtype", "float32")}))
     _, plan, desc = resolve_plan(pair, slim_cfg)
     if plan is None:
         from viasd.errors import ConfigError

@@ -42,8 +42,8 @@ class SearchConfig:
     keep_ratio: float = 0.5
     objective: str = "kl"
     n_random: int = 20
-    n_trials: int = 100
-    patience: int = 30
+    n_trials: int = 150
+    patience: int = 40
     time_budget_s: float = 300.0
     seed: int = 0
     calibration: list[str] = field(default_factory=lambda: ["builtin"])
@@ -52,6 +52,8 @@ class SearchConfig:
     batch_size: int = 8
     n_baseline_random: int = 20
     out: str | None = None  # default: the mask cache path
+    dtype: str = "float32"  # models run in this dtype during the search (bf16 GEMMs are slow on CPU)
+    screen: bool = True  # score every single-layer drop first and seed the optimizer with the ranking
 
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -190,13 +192,22 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True) -> dict[str, Any
         top = sorted(middle, key=lambda i: -scores[i - 1])[: k - 2]
         return sorted({0, n - 1, *top})
 
+    importance: dict[int, float] = {}
+    if cfg.screen and k < n:  # layer screening: the cost of dropping each middle layer alone
+        for i in tqdm(middle, desc="DIMR screening", disable=not progress):
+            mask = tuple(j for j in range(n) if j != i)
+            seen[mask] = calib.evaluate(list(mask), cfg.objective)
+            importance[i] = seen[mask]["objective"]
+            trials.append({"number": -len(middle) + len(importance) - 1, "phase": "screen", "layers": list(mask),
+                           **seen[mask], "elapsed_s": time.perf_counter() - t0})
+
     def objective(trial: optuna.Trial) -> float:
         scores = [trial.suggest_float(f"s{i}", 0.0, 1.0) for i in middle]
         mask = tuple(to_mask(scores)) if k < n else tuple(range(n))
         if mask not in seen:
             seen[mask] = calib.evaluate(list(mask), cfg.objective)
         res = seen[mask]
-        phase = "random" if trial.number < cfg.n_random else "bo"
+        phase = "seed" if importance and trial.number == 0 else "random" if trial.number < cfg.n_random else "bo"
         trials.append({"number": trial.number, "phase": phase, "layers": list(mask), **res,
                        "elapsed_s": time.perf_counter() - t0})
         return res["objective"]
@@ -217,11 +228,14 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True) -> dict[str, Any
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(n_startup_trials=cfg.n_random, seed=cfg.seed, multivariate=True)
     study = optuna.create_study(direction="minimize", sampler=sampler)
+    if importance:  # seed: keep the layers whose removal hurts most
+        lo, hi = min(importance.values()), max(importance.values())
+        study.enqueue_trial({f"s{i}": (importance[i] - lo) / ((hi - lo) or 1.0) for i in middle})
     remaining = cfg.time_budget_s - (time.perf_counter() - t0)
     study.optimize(objective, n_trials=cfg.n_trials, timeout=max(1.0, remaining), callbacks=[callback])
     bar.close()
     search_s = time.perf_counter() - t0
-    best_trial = min(trials, key=lambda t: t["objective"])
+    best_trial = min((t for t in trials if t["phase"] != "screen"), key=lambda t: t["objective"])
     baselines = {
         "first_k": {"layers": first_k_mask(n, cfg.keep_ratio), **calib.evaluate(first_k_mask(n, cfg.keep_ratio),
                                                                                  cfg.objective)},

@@ -98,6 +98,8 @@ class DraftBuildConfig:
     gen_batch: int = 32
     topk: int = 16
     hard_weight: float = 0.5
+    hidden_weight: float = 1.0
+    kd_weight: float = 1.0
     warmup: float = 0.05
     weight_decay: float = 0.01
     init_from_target: bool = True
@@ -295,7 +297,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, max_content_tok
 
 
 # --------------------------------------------------------------------------------------
-# Teacher data: the target's greedy continuations with sparse top-k log-probs
+# Teacher data: the target's greedy continuations, top-k log-probs and final hidden states
 # --------------------------------------------------------------------------------------
 
 
@@ -305,8 +307,9 @@ class TeacherSeq:
 
     ``prompt``: ``[P]`` int64 ids; ``cont``: ``[C]`` int64 greedy tokens (ends with EOS if the
     target stopped); ``top_ids``: ``[C, k]`` int32 and ``top_lp``: ``[C, k]`` fp16 — the
-    target's top-k log-probs (full-vocab log-softmax) at each continuation position;
-    ``top_ids[:, 0] == cont``.
+    target's top-k log-probs (full-vocab log-softmax) at each continuation position
+    (``top_ids[:, 0] == cont``); ``hidden``: ``[P + C - 1, H]`` fp16 — the target's final
+    (normed) hidden state at every input position, i.e. what its LM head reads.
     """
 
     source: str
@@ -314,9 +317,46 @@ class TeacherSeq:
     cont: torch.Tensor
     top_ids: torch.Tensor
     top_lp: torch.Tensor
+    hidden: torch.Tensor
 
 
 @torch.inference_mode()
+def greedy_with_states(
+    target: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, max_new: int, eos: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batched greedy decoding that also returns what distillation needs.
+
+    ``ids, mask``: ``[B, P]`` left-padded prompts and their attention mask. Returns
+    ``new [B, T]`` greedy tokens (rows continue past their EOS; callers cut there),
+    ``top_lp, top_ids [B, T, k]`` full-vocab log-probs of the top-k tokens at each step, and
+    ``hidden [B, P + T - 1, H]`` the final normed hidden states at every input position.
+    Same tokens as ``target.generate(do_sample=False)`` (one body call per step + LM head).
+    """
+    body, head = target.get_decoder(), target.get_output_embeddings()
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = body(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    cache, states = out.cache, [out.last_hidden_state]
+    last = out.last_hidden_state[:, -1]
+    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    toks, lps, tids = [], [], []
+    for step in range(max_new):
+        top = torch.log_softmax(head(last).float(), dim=-1).topk(topk, dim=-1)
+        nxt = top.indices[:, 0]
+        toks.append(nxt)
+        lps.append(top.values)
+        tids.append(top.indices)
+        done |= nxt == eos
+        if bool(done.all()) or step == max_new - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        cache = out.cache
+        states.append(out.last_hidden_state)
+        last = out.last_hidden_state[:, -1]
+    return torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(tids, 1), torch.cat(states, 1)
+
+
 def teacher_continuations(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -325,41 +365,33 @@ def teacher_continuations(
     progress: bool = True,
     desc: str = "target greedy continuations",
 ) -> list[TeacherSeq]:
-    """Greedy continuations of ``prompts`` by ``target`` (batched, left-padded) with top-k log-probs."""
+    """Greedy continuations of ``prompts`` by ``target`` (batched by length, left-padded)."""
     encoded = [encode_prompt(tokenizer, p.text, cfg.prompt_tokens) for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    order = sorted(range(len(prompts)), key=lambda i: (len(encoded[i]), i))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = tokenizer.eos_token_id
     results: dict[int, TeacherSeq] = {}
-    batches = [order[i : i + cfg.gen_batch] for i in range(0, len(order), cfg.gen_batch)]
     bar = _tqdm(total=len(prompts), desc=desc, disable=not progress)
-    for idx in batches:
+    for b in range(0, len(order), cfg.gen_batch):
+        idx = order[b : b + cfg.gen_batch]
         width = max(len(encoded[i]) for i in idx)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for row, i in enumerate(idx):
             ids[row, width - len(encoded[i]) :] = torch.tensor(encoded[i])
             mask[row, width - len(encoded[i]) :] = 1
-        out = target.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=cfg.gen_tokens, do_sample=False,
-            temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eos,
-            output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
-        new = out.sequences[:, width:]
-        tops = [torch.log_softmax(step.float(), dim=-1).topk(cfg.topk, dim=-1) for step in out.logits]
-        top_lp = torch.stack([t.values for t in tops], dim=1)  # [B, T_new, k]
-        top_ids = torch.stack([t.indices for t in tops], dim=1)
-        del out, tops
+        new, top_lp, top_ids, hidden = greedy_with_states(target, ids, mask, cfg.gen_tokens, eos, cfg.topk)
         for row, i in enumerate(idx):
-            toks = new[row]
-            hits = (toks == eos).nonzero()
-            n = int(hits[0]) + 1 if len(hits) else len(toks)
+            hits = (new[row] == eos).nonzero()
+            n = int(hits[0]) + 1 if len(hits) else new.shape[1]
+            p = len(encoded[i])
             results[i] = TeacherSeq(
                 source=prompts[i].source,
                 prompt=torch.tensor(encoded[i], dtype=torch.long),
-                cont=toks[:n].clone(),
+                cont=new[row, :n].clone(),
                 top_ids=top_ids[row, :n].to(torch.int32).clone(),
                 top_lp=top_lp[row, :n].to(torch.float16).clone(),
+                hidden=hidden[row, width - p : width + n - 1].to(torch.float16).clone(),
             )
         bar.update(len(idx))
     bar.close()
@@ -387,7 +419,7 @@ def draft_config(target_config: transformers.PretrainedConfig, cfg: DraftBuildCo
         max_position_embeddings=target_config.max_position_embeddings,
         rms_norm_eps=target_config.rms_norm_eps,
         rope_parameters=dict(rope),
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         bos_token_id=target_config.bos_token_id,
         eos_token_id=target_config.eos_token_id,
         pad_token_id=target_config.pad_token_id,
@@ -395,27 +427,60 @@ def draft_config(target_config: transformers.PretrainedConfig, cfg: DraftBuildCo
     )
 
 
+def _top_eigvecs(gram: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-``k`` eigenvectors ``[n, k]`` of a symmetric ``[n, n]`` matrix, signs fixed (largest entry > 0)."""
+    evals, evecs = torch.linalg.eigh(gram.double())
+    basis = evecs[:, torch.argsort(evals, descending=True)[:k]]
+    signs = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))
+    return (basis * signs).float()
+
+
+def output_basis(seqs: Sequence[TeacherSeq], k: int) -> tuple[torch.Tensor, float]:
+    """Orthonormal ``[H, k]`` basis of the top-``k`` principal directions (uncentered) of the
+    target's final hidden states over ``seqs`` — the subspace the draft's output lives in.
+
+    Measured on SmolLM2 (held-out continuations): restricting the target's final state to
+    this k=256 subspace keeps its greedy token 69% of the time; the embedding matrix's own
+    top-256 subspace keeps 13%. Also returns the RMS of the projected states (the draft's
+    final-norm gain at init).
+    """
+    dim = seqs[0].hidden.shape[-1]
+    gram = torch.zeros(dim, dim, dtype=torch.float64)
+    count = 0
+    for s in seqs:
+        h = s.hidden.double()
+        gram += h.T @ h
+        count += h.shape[0]
+    basis = _top_eigvecs(gram, k)
+    energy = torch.trace(basis.double().T @ gram @ basis.double()) / max(count, 1) / k
+    return basis, float(energy.sqrt())
+
+
 @torch.no_grad()
-def init_draft(target: PreTrainedModel, cfg: DraftBuildConfig) -> LlamaForCausalLM:
-    """Randomly initialized draft (seeded); with ``init_from_target`` its tied embedding is the
-    target's embedding ``E [V, H_t]`` projected on its top ``hidden`` right singular vectors
-    (``E @ V_d``, ``[V, hidden]``) and its final-norm gain is the target's mean gain."""
+def init_draft(
+    target: PreTrainedModel, cfg: DraftBuildConfig, out_basis: torch.Tensor | None = None, out_rms: float | None = None
+) -> LlamaForCausalLM:
+    """Seeded draft. With ``init_from_target`` (the target's embedding ``E [V, H_t]``):
+
+    * input embedding = ``E @ B_in`` with ``B_in [H_t, hidden]`` the top right singular
+      directions of ``E`` (best rank-``hidden`` view of the token identities);
+    * LM head = ``E @ B_out`` with ``B_out`` = ``out_basis`` (see :func:`output_basis`), so
+      a draft whose final state equals ``B_outᵀ z`` (``z`` the target's final state) gives
+      the target's logits restricted to that subspace; without ``out_basis``, ``B_in``;
+    * final-norm gain = ``out_rms`` (the RMS of ``B_outᵀ z``) when given.
+    """
     torch.manual_seed(cfg.seed)
     draft = LlamaForCausalLM(draft_config(target.config, cfg))
     if cfg.init_from_target:
         emb = target.get_input_embeddings().weight.detach().float()
         if cfg.hidden > emb.shape[1]:
             raise ValueError(f"draft hidden {cfg.hidden} exceeds the target's {emb.shape[1]}")
-        gram = emb.T.double() @ emb.double()  # [H_t, H_t]
-        evals, evecs = torch.linalg.eigh(gram)  # ascending
-        basis = evecs[:, torch.argsort(evals, descending=True)[: cfg.hidden]].float()
-        # Fix each direction's sign deterministically (largest component positive).
-        signs = torch.sign(basis.gather(0, basis.abs().argmax(0, keepdim=True)))
-        draft.get_input_embeddings().weight.copy_(emb @ (basis * signs))
-        norm = getattr(getattr(target, "model", target), "norm", None)
-        if norm is not None and getattr(norm, "weight", None) is not None:
-            draft.model.norm.weight.fill_(float(norm.weight.float().mean()))
-    draft.tie_weights()
+        b_in = _top_eigvecs(emb.T.double() @ emb.double(), cfg.hidden)
+        b_out = out_basis if out_basis is not None else b_in
+        draft.get_input_embeddings().weight.copy_(emb @ b_in)
+        draft.get_output_embeddings().weight.copy_(emb @ b_out)
+        if out_rms is not None:
+            draft.get_decoder().norm.weight.fill_(out_rms)
     return draft
 
 
@@ -424,38 +489,47 @@ def init_draft(target: PreTrainedModel, cfg: DraftBuildConfig) -> LlamaForCausal
 # --------------------------------------------------------------------------------------
 
 
-def _kept(s: TeacherSeq, seq_len: int) -> int:
-    """Continuation tokens of ``s`` used in a window of ``seq_len`` (≥ 16 when the prompt fills it)."""
-    keep_c = min(len(s.cont), max(0, seq_len - len(s.prompt)))
-    return keep_c if keep_c else min(len(s.cont), 16)
+def _window(s: TeacherSeq, seq_len: int) -> tuple[int, int]:
+    """``(start, n_cont)``: the window ``full[start : P + n_cont]`` used for ``s`` (at most
+    ``seq_len`` tokens; the prompt's head is dropped first; at least 16 continuation tokens)."""
+    p = len(s.prompt)
+    n_cont = min(len(s.cont), max(0, seq_len - p)) or min(len(s.cont), 16)
+    return max(0, p + n_cont - seq_len), n_cont
 
 
-def _batch(seqs: Sequence[TeacherSeq], seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids [B, T]``; flat continuation positions ``pos [N]`` (row*T + t, the
-    position whose output predicts the token), their ``top_ids [N, k]`` and ``top_lp [N, k]``."""
-    rows, pos, tids, tlps = [], [], [], []
-    for s in seqs:
-        full = torch.cat([s.prompt, s.cont])
-        keep_c = _kept(s, seq_len)
-        full = full[: len(s.prompt) + keep_c][-seq_len:]
-        start = len(full) - keep_c - 1  # output at `start` predicts the first continuation token
+@dataclass
+class _Batch:
+    ids: torch.Tensor  # [B, T] right-padded
+    hid_pos: torch.Tensor  # [M] flat positions (b*T + t) with a hidden-state target
+    hid: torch.Tensor  # [M, H_t] target final states there
+    cont_pos: torch.Tensor  # [N] flat positions whose output predicts a continuation token
+    top_ids: torch.Tensor  # [N, k]
+    top_lp: torch.Tensor  # [N, k]
+    counts: list[int]  # continuation positions per sequence
+
+
+def _batch(seqs: Sequence[TeacherSeq], seq_len: int) -> _Batch:
+    rows, hid_pos, hid, cont_pos, tids, tlps, counts = [], [], [], [], [], [], []
+    windows = [_window(s, seq_len) for s in seqs]
+    width = max(len(s.prompt) + n - st for s, (st, n) in zip(seqs, windows, strict=True))
+    for b, (s, (start, n_cont)) in enumerate(zip(seqs, windows, strict=True)):
+        p = len(s.prompt)
+        full = torch.cat([s.prompt, s.cont])[start : p + n_cont]
         rows.append(full)
-        pos.append(torch.arange(start, start + keep_c))
-        tids.append(s.top_ids[:keep_c].long())
-        tlps.append(s.top_lp[:keep_c].float())
-    width = max(len(r) for r in rows)
+        # outputs at window positions 0..len-2 predict the next token; hidden[j] is at input j
+        n_in = len(full) - 1
+        hid_pos.append(torch.arange(n_in) + b * width)
+        hid.append(s.hidden[start : start + n_in])
+        first = p - 1 - start  # output predicting the first continuation token
+        cont_pos.append(torch.arange(first, first + n_cont) + b * width)
+        tids.append(s.top_ids[:n_cont].long())
+        tlps.append(s.top_lp[:n_cont].float())
+        counts.append(n_cont)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
-    flat = []
-    for b, (r, p) in enumerate(zip(rows, pos, strict=True)):
+    for b, r in enumerate(rows):
         ids[b, : len(r)] = r
-        flat.append(p + b * width)
-    return ids, torch.cat(flat), torch.cat(tids), torch.cat(tlps)
-
-
-def _draft_logits_at(draft: LlamaForCausalLM, ids: torch.Tensor, flat_pos: torch.Tensor) -> torch.Tensor:
-    """Draft logits ``[N, V]`` at the flat positions ``flat_pos`` of ``ids [B, T]`` (LM head only there)."""
-    hidden = draft.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
-    return draft.lm_head(hidden.reshape(-1, hidden.shape[-1])[flat_pos])
+    return _Batch(ids, torch.cat(hid_pos), torch.cat(hid).float(), torch.cat(cont_pos), torch.cat(tids),
+                  torch.cat(tlps), counts)  # fmt: skip
 
 
 def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, hard_weight: float) -> torch.Tensor:
@@ -471,6 +545,16 @@ def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tens
     return ((1.0 - hard_weight) * soft + hard_weight * hard).mean()
 
 
+def hidden_loss(states: torch.Tensor, target_states: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Relative squared error ``Σ‖s − Bᵀz‖² / Σ‖Bᵀz‖²``.
+
+    ``states [M, hidden]`` the draft's final normed states, ``target_states [M, H_t]`` the
+    target's, ``basis [H_t, hidden]`` the output basis.
+    """
+    goal = target_states @ basis
+    return (states - goal).pow(2).sum() / goal.pow(2).sum().clamp_min(1e-6)
+
+
 @torch.inference_mode()
 def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int = 4096, batch: int = 8) -> dict:
     """Top-1 agreement of ``draft`` with the target, teacher-forced on the target's continuations.
@@ -481,12 +565,12 @@ def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int =
     hits: dict[str, list[int]] = {}
     for i in range(0, len(seqs), batch):
         chunk = seqs[i : i + batch]
-        ids, pos, tids, _ = _batch(chunk, seq_len)
-        pred = _draft_logits_at(draft, ids, pos).argmax(-1)
-        ok = (pred == tids[:, 0]).long()
+        bt = _batch(chunk, seq_len)
+        states = draft.get_decoder()(input_ids=bt.ids, use_cache=False).last_hidden_state
+        pred = draft.get_output_embeddings()(states.reshape(-1, states.shape[-1])[bt.cont_pos]).argmax(-1)
+        ok = (pred == bt.top_ids[:, 0]).long()
         j = 0
-        for s in chunk:
-            n = _kept(s, seq_len)
+        for s, n in zip(chunk, bt.counts, strict=True):
             h = hits.setdefault(s.source, [0, 0])
             h[0] += int(ok[j : j + n].sum())
             h[1] += n
@@ -517,12 +601,19 @@ def train_draft(
     draft: LlamaForCausalLM,
     train: Sequence[TeacherSeq],
     cfg: DraftBuildConfig,
+    out_basis: torch.Tensor,
     progress: bool = True,
+    on_step=None,
 ) -> list[float]:
-    """Distill ``draft`` on the teacher sequences (in place); returns the loss per step."""
+    """Distill ``draft`` on the teacher sequences in place; returns the loss per step.
+
+    Loss per batch: ``hidden_weight · hidden_loss`` (all positions) ``+ kd_weight ·
+    distill_loss`` (continuation positions). ``on_step(step, draft)`` is called after each
+    step (for learning curves).
+    """
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    decay = [p for n, p in draft.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    other = [p for n, p in draft.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    decay = [p for n, p in draft.named_parameters() if p.ndim >= 2 and "embed" not in n and "lm_head" not in n]
+    other = [p for n, p in draft.named_parameters() if not (p.ndim >= 2 and "embed" not in n and "lm_head" not in n)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8,
@@ -536,17 +627,21 @@ def train_draft(
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
     draft.train()
+    body, head = draft.get_decoder(), draft.get_output_embeddings()
     losses: list[float] = []
     queue: list[list[int]] = []
     bar = _tqdm(range(cfg.steps), desc="distilling draft", disable=not progress)
     for step in bar:
         if not queue:
             queue = _length_bucketed_batches([len(s.prompt) + len(s.cont) for s in train], cfg.batch, gen)
-        chosen = queue.pop()
-        ids, pos, tids, tlps = _batch([train[i] for i in chosen], cfg.seq_len)
+        bt = _batch([train[i] for i in queue.pop()], cfg.seq_len)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss = distill_loss(_draft_logits_at(draft, ids, pos), tids, tlps, cfg.hard_weight)
+        states = body(input_ids=bt.ids, use_cache=False).last_hidden_state
+        flat = states.reshape(-1, states.shape[-1])
+        loss = cfg.hidden_weight * hidden_loss(flat[bt.hid_pos], bt.hid, out_basis)
+        if cfg.kd_weight > 0:
+            loss = loss + cfg.kd_weight * distill_loss(head(flat[bt.cont_pos]), bt.top_ids, bt.top_lp, cfg.hard_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -554,6 +649,9 @@ def train_draft(
         losses.append(float(loss.detach()))
         if step % 10 == 0:
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+        if on_step is not None:
+            on_step(step, draft)
+            draft.train()
     draft.eval()
     return losses
 
@@ -654,10 +752,11 @@ def build_draft(
                 target, tokenizer, cfg, train_p, held_p, out_dir.parent, progress
             )
             t_gen = time.perf_counter() - t_gen
-            draft = init_draft(target, cfg)
+            basis, rms = output_basis(train_seqs, cfg.hidden)
+            draft = init_draft(target, cfg, basis, rms)
             before = agreement(draft, held_seqs)
             t_train = time.perf_counter()
-            losses = train_draft(draft, train_seqs, cfg, progress)
+            losses = train_draft(draft, train_seqs, cfg, basis, progress)
             t_train = time.perf_counter() - t_train
             after = agreement(draft, held_seqs)
             train_agree = agreement(draft, train_seqs[: cfg.n_heldout])

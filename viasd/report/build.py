@@ -292,15 +292,16 @@ def fig_dimr(runs, missing, out, store):
     fig, ax = plt.subplots(figsize=(5, 3))
     for r in runs:
         trials = store.examples(r["run_id"])
-        best, xs, ys = math.inf, [], []
+        best, ys = math.inf, []
         for t in trials:
             best = min(best, t["objective"])
-            xs.append(t["number"])
             ys.append(best)
-        ax.plot(xs, ys, label=f"keep={r['summary']['keep_ratio']:.2f}")
-        n_rand = sum(t["phase"] == "random" for t in trials)
-        ax.axvline(n_rand - 0.5, color="gray", lw=0.5, ls="--")
-    ax.set(xlabel="trial (random phase | Bayesian optimization)", ylabel="best objective so far", yscale="log")
+        line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f}")
+        for phase in ("random", "bo"):  # mark where each phase starts
+            first = next((j for j, t in enumerate(trials) if t["phase"] == phase), None)
+            if first is not None:
+                ax.axvline(first - 0.5, color=line.get_color(), lw=0.6, ls="--" if phase == "random" else ":")
+    ax.set(xlabel="evaluation (screening | random -- | Bayesian optimization ··)", ylabel="best objective so far", yscale="log")
     ax.legend()
     ax.set_title("DIMR search convergence")
     return save_figure(fig, out, "fig_dimr", runs, missing)

@@ -56,7 +56,6 @@ def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResu
     eos = gen.eos_ids(pair)
     hf_gen = HFGenerationConfig(
         max_new_tokens=gen.max_new_tokens,
-        min_new_tokens=gen.max_new_tokens if gen.ignore_eos else 0,
         do_sample=gen.temperature > 0,
         temperature=gen.temperature if gen.temperature > 0 else None,
         top_k=gen.top_k if gen.temperature > 0 else None,
@@ -64,7 +63,7 @@ def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResu
         num_assistant_tokens=int(cfg.gamma),
         num_assistant_tokens_schedule="constant",
         assistant_confidence_threshold=0.0,
-        eos_token_id=eos or None,
+        eos_token_id=eos or [-1],  # [-1]: no token stops generation (ignore_eos) without suppressing EOS
         pad_token_id=pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0],
         stop_strings=gen.stop_strings or None,
         decoder_start_token_id=getattr(pair.target.config, "decoder_start_token_id", None),

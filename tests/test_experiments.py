@@ -104,7 +104,7 @@ def test_wandb_online_without_credentials_degrades_with_one_warning(runs_dir, tm
     from viasd.runner import run
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["tracking=wandb", "generation.max_new_tokens=4",
+        cfg = compose(config_name="config", overrides=["pair=tiny-llama", "tracking=wandb", "generation.max_new_tokens=4",
                                                        "task.n_examples=1"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -64,3 +64,19 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and needle in err[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("task", ["xsum", "cnndm", "wmt14_deen", "gsm8k", "nq_open", "squad", "humaneval", "mbpp",
+                                  "specbench"])
+def test_every_task_runs_end_to_end(task, runs_dir):
+    from viasd.paths import data_dir
+
+    if data_dir(required=False) is None:
+        pytest.skip("offline data folder not found; set VIASD_DATA_DIR")
+    s = run(_cfg("pair=tiny-llama", "method=sd", f"task={task}", "task.n_examples=2", "generation.max_new_tokens=4"))
+    assert s["n_examples"] == 2 and s["task"] == task
+    rows = [json.loads(x) for x in (runs_dir / s["run_id"] / "examples.jsonl").read_text().splitlines()]
+    assert all("prediction" in r and "reference" in r for r in rows)
+    if task != "specbench":  # speed-only task has no metric
+        assert any(k.startswith("metric/") for k in s)
+        assert all("score" in r for r in rows)

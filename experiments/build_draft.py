@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", action="store_true", help="delete a cached draft of this config and build again")
     ap.add_argument("--cost", action="store_true", help="also measure the draft/target forward cost ratio c (1 thread)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     try:
         cfg = parse_overrides(args.overrides)
     except ConfigError as e:
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"draft: {folder}")
     print(f"  architecture: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}/{cfg.kv_heads} kv, "
-          f"MLP {cfg.intermediate}, tied embeddings; {info['num_parameters'] / 1e6:.2f}M parameters")  # fmt: skip
+          f"MLP {cfg.intermediate}, untied embeddings, head over {info.get('draft_vocab', '?')} tokens; "
+          f"{info['num_parameters'] / 1e6:.2f}M parameters")  # fmt: skip
     if cached:
         print(f"  reused the cached draft (loaded in {elapsed:.1f}s); it was built in {info['seconds_total'] / 60:.1f} min")
     else:
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(at init {info['heldout_agreement_at_init']:.3f}; recorded at build {info['heldout_agreement']:.3f})")  # fmt: skip
     for src, a in res["by_source"].items():
         print(f"    {src:16s} {a:.3f}")
+    if "heldout_agreement_with_lookup" in info:
+        print(f"  with prompt lookup first (drafter `hybrid`): {info['heldout_agreement_with_lookup']:.3f}; "
+              f"head vocabulary covers {info['heldout_vocab_coverage']:.3f} of the held-out target tokens")  # fmt: skip
     if args.cost:
         for dtype in (torch.float32, torch.bfloat16):
             t_ms = forward_cost_ms(target.to(dtype))

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import PROMPTS, tiny_pair
 from viasd.decoding.api import METHODS, decode
 
-DRAFTER_NAMES = ("model", "self", "ngram", "cascade")
+DRAFTER_NAMES = ("model", "self", "ngram", "hybrid", "cascade")
 METHOD_NAMES = ("sd", "cascade_sd", "faster_cascades", "viasd")
 POLICIES = ("constant", "heuristic", "confidence")
 # Thresholds at which the tiny drafters' top probabilities sometimes stop the confidence policy.
@@ -20,7 +20,8 @@ def method_cfg(method: str, drafter: str, policy: str, min_confidence: float = 0
     if method == "cascade_sd":  # the drafter heads the cascade: level 0 (vertically sped up by ngram), then ngram
         if drafter == "cascade":
             return {"drafter": options}  # the default cascade
-        first = {"name": drafter, "tokens": 2, "vertical": [] if drafter == "ngram" else ["ngram"], "vertical_tokens": 1}
+        vertical = [] if drafter in ("ngram", "hybrid") else ["ngram"]
+        first = {"name": drafter, "tokens": 2, "vertical": vertical, "vertical_tokens": 1}
         levels = [first] if drafter == "ngram" else [first, {"name": "ngram", "tokens": 1}]
         return {"levels": levels, "drafter": options}
     cfg = {"gamma": 3, "drafter": {"name": drafter, **options}}

@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from viasd.config import GenerationConfig
 from viasd.decoding.api import decode
 from viasd.decoding.sampling import probs_from_logits
+from viasd.models.draft_model import SubsetHeadLlamaForCausalLM, make_config
 from viasd.models.pairs import ModelPair
 from viasd.models.tiny import byte_tokenizer
 
@@ -20,15 +21,20 @@ P_THRESHOLD = 1e-3  # reject "same distribution" only below this p-value
 V = 6
 
 
-def tiny_vocab_pair() -> ModelPair:
-    def model(seed, layers):
+def tiny_vocab_pair(draft_subset: list[int] | None = None) -> ModelPair:
+    """Target and draft over a 6-token vocabulary; ``draft_subset``: the draft's head scores
+    only those tokens (a :class:`SubsetHeadLlamaForCausalLM`, q = 0 elsewhere)."""
+
+    def model(seed, layers, subset=None):
         torch.manual_seed(seed)
         cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
                           num_attention_heads=2, num_key_value_heads=1, initializer_range=0.5,
                           bos_token_id=0, eos_token_id=None, pad_token_id=0)
+        if subset:
+            return SubsetHeadLlamaForCausalLM(make_config(cfg, subset)).eval()
         return LlamaForCausalLM(cfg).eval()
 
-    return ModelPair("tiny-vocab", target=model(1, 2), draft=model(2, 1), tokenizer=byte_tokenizer())
+    return ModelPair("tiny-vocab", target=model(1, 2), draft=model(2, 1, draft_subset), tokenizer=byte_tokenizer())
 
 
 def exact_joint(pair, ids, gen: GenerationConfig, n: int) -> dict[tuple[int, ...], float]:
@@ -42,20 +48,25 @@ def exact_joint(pair, ids, gen: GenerationConfig, n: int) -> dict[tuple[int, ...
     return out
 
 
-@pytest.mark.parametrize("method,gen_kwargs", [
-    ("sd", {"temperature": 1.0}),
-    ("sd", {"temperature": 0.7, "top_k": 4, "top_p": 0.9}),
-    ("ar", {"temperature": 1.0}),
-])
-def test_sampled_tokens_follow_target_distribution(method, gen_kwargs):
-    pair = tiny_vocab_pair()
+HYBRID = {"gamma": 2, "drafter": {"name": "hybrid", "lookup_min": 1}}
+
+
+@pytest.mark.parametrize("method,cfg,gen_kwargs,subset", [
+    ("sd", {"gamma": 2}, {"temperature": 1.0}, None),
+    ("sd", {"gamma": 2}, {"temperature": 0.7, "top_k": 4, "top_p": 0.9}, None),
+    ("ar", None, {"temperature": 1.0}, None),
+    ("sd", {"gamma": 2}, {"temperature": 1.0}, [1, 3, 4]),  # the draft cannot propose tokens 0, 2, 5
+    ("sd", HYBRID, {"temperature": 1.0}, None),  # lookup blocks (one-hot) mixed with model blocks
+], ids=["sd", "sd-topk-topp", "ar", "sd-subset-head", "sd-hybrid"])
+def test_sampled_tokens_follow_target_distribution(method, cfg, gen_kwargs, subset):
+    pair = tiny_vocab_pair(subset)
     ids = torch.tensor([[0, 3, 1]])
     gen = GenerationConfig(max_new_tokens=2, ignore_eos=True, **gen_kwargs)
     exact = exact_joint(pair, ids, gen, 2)
     n = 1500
     counts = dict.fromkeys(exact, 0)
     for seed in range(n):
-        res = decode(pair, ids, method, {"gamma": 2} if method == "sd" else None, gen=gen, seed=seed)
+        res = decode(pair, ids, method, cfg, gen=gen, seed=seed)
         counts[tuple(res.tokens)] += 1
     keys = [k for k in exact if exact[k] > 0]
     obs = np.array([counts[k] for k in keys], dtype=float)

@@ -7,6 +7,10 @@ verify them with the same rules. Registered drafters:
 * ``model`` — an independent small model (the pair's draft).
 * ``ngram`` — prompt lookup: copy the continuation of the latest earlier match of the last
   n tokens (no neural cost; Saxena 2023 / transformers' prompt lookup decoding).
+* ``hybrid`` — prompt lookup when the last ``lookup_min``..``ngram_max`` tokens recur in the
+  context, otherwise the draft model (the lookup block costs nothing; the model drafts the
+  rest). Lossless like the others: each block is verified against the distribution it was
+  drawn from (one-hot for a lookup block).
 * ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
   SWIFT; registered by :mod:`viasd.models.routing`.
 * ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal); registered by
@@ -31,6 +35,7 @@ from viasd.config import GenerationConfig
 from viasd.decoding.cache import ModelStats, Stream
 from viasd.decoding.sampling import confidence, probs_from_logits, sample
 from viasd.errors import ConfigError
+from viasd.models.pairs import vocab_size_of
 from viasd.registry import Registry
 
 DRAFTERS: Registry = Registry("drafter")
@@ -43,6 +48,7 @@ class DrafterConfig:
     name: str = "model"
     ngram_max: int = 3  # ngram: longest suffix to match
     ngram_min: int = 1  # ngram: shortest suffix to match
+    lookup_min: int = 2  # hybrid: shortest suffix match that makes the lookup draft the block
     layers: list[int] | None = None  # self: kept target layers (None: the pair's default)
     length_policy: str = "constant"  # constant | heuristic | confidence
     min_confidence: float = 0.4  # confidence policy threshold
@@ -86,7 +92,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model, prompt_ids: torch.Tensor, label: str = "draft"):
         self.stream = Stream(model, prompt_ids, label)
-        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab = vocab_size_of(model)
 
     def propose(self, seq, k, gen, rng, min_confidence=0.0):
         tokens: list[torch.Tensor] = []
@@ -141,6 +147,38 @@ class NgramDrafter(Drafter):
         return found, probs
 
 
+class HybridDrafter(Drafter):
+    """Prompt lookup first, the draft model when the lookup finds no match.
+
+    Per block: if the last ``lookup.ngram_min``..``ngram_max`` tokens recur earlier in the
+    context, propose what followed them (one-hot, no neural cost); otherwise let ``model``
+    draft. Measured on SmolLM2's own continuations of held-out task prompts (teacher-forced,
+    per position): lookup-when-≥2-tokens-match else the distilled draft agrees with the
+    target's greedy token more often than either alone (see the draft's ``build_info.json``).
+    """
+
+    name = "hybrid"
+
+    def __init__(self, lookup: NgramDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+        self.lookup_blocks = 0
+        self.model_blocks = 0
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        found, probs = self.lookup.propose(seq, k, gen, rng)
+        if found.numel():
+            self.lookup_blocks += 1
+            self.last_logits = None
+            return found, probs
+        self.model_blocks += 1
+        tokens, probs = self.model.propose(seq, k, gen, rng, min_confidence)
+        self.last_logits = self.model.last_logits
+        return tokens, probs
+
+    def stats(self):
+        return self.model.stats()
+
+
 def model_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
     if pair.draft is None:
         raise ConfigError(f"pair {pair.name!r} has no draft model; use method.drafter.name=ngram or self")
@@ -148,13 +186,21 @@ def model_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
 
 
 def ngram_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
-    vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size_of(pair.target)
     context = prompt_ids[0] if pair.is_encoder_decoder else None
     return NgramDrafter(vocab, cfg.ngram_max, cfg.ngram_min, context)
 
 
+def hybrid_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
+    if not 1 <= cfg.lookup_min <= cfg.ngram_max:
+        raise ConfigError(f"hybrid drafter needs 1 <= lookup_min <= ngram_max (got {cfg.lookup_min}, {cfg.ngram_max})")
+    lookup = ngram_drafter(pair, prompt_ids, DrafterConfig(ngram_max=cfg.ngram_max, ngram_min=cfg.lookup_min))
+    return HybridDrafter(lookup, model_drafter(pair, prompt_ids, cfg))
+
+
 DRAFTERS.register("model")(model_drafter)
 DRAFTERS.register("ngram")(ngram_drafter)
+DRAFTERS.register("hybrid")(hybrid_drafter)
 
 
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:

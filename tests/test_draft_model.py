@@ -1,0 +1,78 @@
+"""The vocabulary-subset draft head: full-vocabulary logits, save/load, and its training pieces."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from viasd.models.draft_build import TeacherSeq, distill_loss, vocab_subset
+from viasd.models.draft_model import SubsetHeadLlamaForCausalLM, make_config
+from viasd.models.pairs import vocab_size_of
+
+SUBSET = [0, 5, 7, 9, 50, 99]
+
+
+def tiny(subset=SUBSET) -> SubsetHeadLlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+    return SubsetHeadLlamaForCausalLM(make_config(cfg, subset)).eval()
+
+
+def test_logits_cover_the_full_vocabulary_and_only_the_subset_is_finite():
+    model = tiny()
+    x = torch.randint(0, 100, (2, 7))
+    logits = model(x).logits
+    assert logits.shape == (2, 7, 100) and vocab_size_of(model) == 100
+    finite = torch.isfinite(logits)
+    assert finite[..., SUBSET].all() and finite.sum(-1).eq(len(SUBSET)).all()
+    assert set(logits.argmax(-1).flatten().tolist()) <= set(SUBSET)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    """The subset lives in config.json; a reloaded draft gives identical logits and generations."""
+    model = tiny()
+    x = torch.randint(0, 100, (1, 9))
+    model.save_pretrained(tmp_path)
+    again = SubsetHeadLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert again.lm_head.id_list == tuple(SUBSET)
+    assert torch.equal(again(x).logits, model(x).logits)
+    out = again.generate(x, max_new_tokens=4, do_sample=False)
+    assert set(out[0, 9:].tolist()) <= set(SUBSET)
+
+
+def test_without_a_subset_it_is_a_plain_llama():
+    model = tiny(subset=None)
+    assert isinstance(model.lm_head, torch.nn.Linear) and model.lm_head.weight.shape == (100, 32)
+
+
+def test_bad_subset_is_rejected():
+    with pytest.raises(ValueError, match="distinct ids"):
+        tiny(subset=[1, 1, 2])
+    with pytest.raises(ValueError, match="distinct ids"):
+        tiny(subset=[1, 100])
+
+
+def test_vocab_subset_ranks_special_tokens_then_frequency_then_id():
+    seqs = [TeacherSeq("x", torch.tensor([3, 3, 3, 8]), torch.tensor([8, 6]), torch.zeros(2, 1, dtype=torch.int32),
+                       torch.zeros(2, 1), torch.zeros(5, 4))]  # fmt: skip
+    # counts: 3 -> 3, 8 -> 1 + 2, 6 -> 2; special 42 always; fill by ascending id
+    assert vocab_subset(seqs, 4, 50, always=[42]) == [3, 6, 8, 42]
+    assert vocab_subset(seqs, 6, 50, always=[42]) == [0, 1, 3, 6, 8, 42]
+    assert vocab_subset(seqs, 0, 50) is None and vocab_subset(seqs, 50, 50) is None
+
+
+def test_distill_loss_ignores_teacher_tokens_the_head_cannot_score():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    top_lp = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))
+    full = distill_loss(logits, torch.tensor([[0, 1, 2]]), top_lp, hard_weight=0.0)
+    assert float(full) == pytest.approx(-(0.6 * math.log(0.5) + 0.3 * math.log(0.25) + 0.1 * math.log(0.25)))
+    # token 2 is outside the head: the teacher's remaining mass is renormalized over tokens 0, 1
+    part = distill_loss(logits, torch.tensor([[0, 1, -1]]), top_lp, hard_weight=0.0)
+    assert float(part) == pytest.approx(-(2 / 3 * math.log(0.5) + 1 / 3 * math.log(0.25)))
+    # hard term: rows whose top-1 is outside the head do not count
+    hard = distill_loss(logits, torch.tensor([[-1, 1, 2]]), top_lp, hard_weight=1.0)
+    assert float(hard) == 0.0

@@ -291,17 +291,20 @@ def fig_dimr(runs, missing, out, store):
     plt, sns = _plot_setup()
     fig, ax = plt.subplots(figsize=(5, 3))
     for r in runs:
-        trials = store.examples(r["run_id"])
+        # Screening drops one layer at a time: those masks are not of the searched budget, so
+        # they seed the search but do not count towards its best-so-far curve.
+        trials = [t for t in store.examples(r["run_id"]) if t["phase"] != "screen"]
         best, ys = math.inf, []
         for t in trials:
             best = min(best, t["objective"])
             ys.append(best)
-        line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f}")
-        for phase in ("random", "bo"):  # mark where each phase starts
-            first = next((j for j, t in enumerate(trials) if t["phase"] == phase), None)
-            if first is not None:
-                ax.axvline(first - 0.5, color=line.get_color(), lw=0.6, ls="--" if phase == "random" else ":")
-    ax.set(xlabel="evaluation (screening | random -- | Bayesian optimization ··)", ylabel="best objective so far", yscale="log")
+        line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f} (best so far)")
+        ax.scatter(range(len(trials)), [t["objective"] for t in trials], s=6, alpha=0.4, color=line.get_color())
+        first_bo = next((j for j, t in enumerate(trials) if t["phase"] == "bo"), None)
+        if first_bo is not None:  # where the Bayesian-optimization phase starts
+            ax.axvline(first_bo - 0.5, color=line.get_color(), lw=0.6, ls=":")
+    ax.set(xlabel="masks of the budget evaluated (random phase | Bayesian optimization ··)",
+           ylabel="objective (dots: each mask)", yscale="log")
     ax.legend()
     ax.set_title("DIMR search convergence")
     return save_figure(fig, out, "fig_dimr", runs, missing)

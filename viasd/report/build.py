@@ -86,7 +86,7 @@ def save_figure(fig, out: Path, name: str, runs: list[dict], missing: list[str])
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    fig.text(0.99, 0.01, f"{len(runs)} runs from the run store", ha="right", va="bottom", fontsize=6, color="gray")
+    fig.text(0.99, 0.995, f"{len(runs)} runs from the run store", ha="right", va="top", fontsize=6, color="gray")
     paths = []
     for ext in ("png", "pdf"):
         fig.savefig(out / f"{name}.{ext}", dpi=150, bbox_inches="tight")
@@ -220,7 +220,8 @@ def fig_tiers(runs, missing, out, store):
         ax.bar(labels, vals, bottom=bottom, label=tier)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("share of emitted tokens")
-    ax.legend()
+    ax.legend(["tier 1: draft accepted", "tier 2: slim rewrote", "tier 3: full model"],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     ax.set_title("VIA-SD: tokens per tier")
     plt.setp(ax.get_xticklabels(), rotation=20)
     return save_figure(fig, out, "fig_tiers", runs, missing)

@@ -161,16 +161,12 @@ class HybridDrafter(Drafter):
 
     def __init__(self, lookup: NgramDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
-        self.lookup_blocks = 0
-        self.model_blocks = 0
 
     def propose(self, seq, k, gen, rng, min_confidence=0.0):
         found, probs = self.lookup.propose(seq, k, gen, rng)
         if found.numel():
-            self.lookup_blocks += 1
             self.last_logits = None
             return found, probs
-        self.model_blocks += 1
         tokens, probs = self.model.propose(seq, k, gen, rng, min_confidence)
         self.last_logits = self.model.last_logits
         return tokens, probs

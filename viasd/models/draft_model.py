@@ -4,7 +4,8 @@ This module owns :class:`SubsetHeadLlamaForCausalLM`. On CPU a small draft's cos
 LM head: SmolLM2's vocabulary has 49152 tokens, so a 256-wide head is 12.6M weights while
 four 256-wide decoder layers are 3.4M, and one-token forwards are memory-bound (every weight
 is read once per call). Scoring only the ``k`` most frequent tokens (FR-Spec, Zhao et al.
-2025) cuts the draft's forward cost about 3× at ``k = 8192``; every other token gets logit
+2025) cuts the weights a forward reads from 16M to 5.5M at ``k = 8192``; measured on
+SmolLM2, the draft/target cost ratio ``c`` fell from 0.14 to 0.08 (fp32, 1 thread); every other token gets logit
 ``-inf``, so the draft never proposes it. Speculative decoding stays lossless: the verifier
 uses the draft's own (zero-outside-the-subset) distribution in the acceptance rule.
 

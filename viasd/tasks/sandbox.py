@@ -106,12 +106,13 @@ def _viasd_driver(argv):
         sys.addaudithook(no_net)
     sys.argv = ["program.py"]
     g = {"__name__": "__candidate__", "__builtins__": builtins}
-    stage = "program"
+    sources = {}
+    for stage in ("program", "checks"):  # both read before anything runs: the program may rewrite files
+        with open(stage + ".py", encoding="utf-8") as f:
+            sources[stage] = f.read()
     try:
         for stage in ("program", "checks"):
-            with open(stage + ".py", encoding="utf-8") as f:
-                code = compile(f.read(), stage + ".py", "exec")
-            exec(code, g)
+            exec(compile(sources[stage], stage + ".py", "exec"), g)
         verdict = key + b" passed"
     except BaseException as e:
         try:

@@ -402,3 +402,18 @@ def test_one_bad_sample_never_stops_the_run():
 
 def test_mode_is_namespace_here():
     assert sandbox.sandbox_mode() == "namespace" and sandbox.drops_privileges()
+
+
+def test_without_a_cgroup_the_sample_may_not_fork_and_memfds_are_bounded(monkeypatch):
+    from viasd.tasks import cgroups
+
+    monkeypatch.setattr(cgroups, "cgroup_support", lambda: None)
+    r = run_program("import os\nos.fork()")
+    assert r.status == "failed" and r.reason == "BlockingIOError in the program", r
+    r = run_program("import threading\nthreading.Thread(target=print).start()")
+    assert r.status == "failed" and r.reason == "RuntimeError in the program", r
+    memfds = "import os\nfor i in range(60):\n    os.write(os.memfd_create(f'm{i}'), b'x' * (16 << 20))\n"
+    r = run_program(memfds, memory_mb=256, max_file_mb=16)
+    assert r.status == "failed" and r.reason == "OSError in the program" and "Too many open files" in r.detail, r
+    assert r.peak_memory_mb is None
+    assert run_program(RIGHT, CHECKS).passed

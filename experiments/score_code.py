@@ -38,7 +38,9 @@ def read_samples(path: Path) -> tuple[list[dict[str, Any]], Path, dict[str, Any]
     if path.is_dir():
         path = path / "examples.jsonl"
     if not path.is_file():
-        raise ConfigError(f"samples file not found: {path}; pass a .jsonl of {{task_id, completion}} or a run folder")
+        raise ConfigError(
+            f"samples file not found: {path}; pass a .jsonl of {{task_id, completion}} or a run folder"
+        )
     cfg_file = path.parent / "config.yaml"
     if path.name == "examples.jsonl" and cfg_file.is_file():
         run_cfg = (yaml.safe_load(cfg_file.read_text()) or {}).get("task")

@@ -12,9 +12,12 @@ from viasd.paths import data_dir
 from viasd.tasks import build_task, sandbox
 
 pytestmark = [
-    pytest.mark.skipif(data_dir(required=False) is None, reason="offline data folder not found (set VIASD_DATA_DIR)"),
     pytest.mark.skipif(
-        sandbox._isolation()[0] is None, reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})"
+        data_dir(required=False) is None, reason="offline data folder not found (set VIASD_DATA_DIR)"
+    ),
+    pytest.mark.skipif(
+        sandbox._isolation()[0] is None,
+        reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})",
     ),
 ]
 WORKERS = 4  # sandboxed runs wait on the kernel (namespaces, cgroups) more than they compute
@@ -57,7 +60,11 @@ def test_humaneval_spoofed_exits_score_zero(form):
     preds, exs = [], []
     for e in examples:
         for spoof in SPOOFS + ["raise SystemExit(0)"]:
-            body = "    return None\n" + spoof + "\n" if spoof != "raise SystemExit(0)" else "    raise SystemExit(0)\n"
+            body = (
+                "    return None\n" + spoof + "\n"
+                if spoof != "raise SystemExit(0)"
+                else "    raise SystemExit(0)\n"
+            )
             if form == "chat":  # the whole function in a fenced block, as chat models reply
                 body = f"Here you go:\n```python\n{e.meta['code_prompt']}{body}```\n"
             preds.append(task.postprocess(body))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import socket
 import tempfile
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
 from viasd.tasks import sandbox
 from viasd.tasks.sandbox import SandboxResult, remove_tree, run_program, run_programs
@@ -86,7 +84,9 @@ def test_pass_fail_and_reasons():
     r = run_program(RIGHT, CHECKS)
     assert r.passed and r.status == "passed" and r.reason == "the checks ran to completion", r
     r = run_program(WRONG, CHECKS)
-    assert r.status == "failed" and r.reason == "AssertionError in the checks" and "AssertionError" in r.detail
+    assert (
+        r.status == "failed" and r.reason == "AssertionError in the checks" and "AssertionError" in r.detail
+    )
     r = run_program("def f(:\n  pass", CHECKS)
     assert r.status == "failed" and r.reason == "SyntaxError in the program"
     assert run_program("import sys; sys.exit(3)").reason == "SystemExit in the program"
@@ -362,7 +362,9 @@ def test_network_is_unreachable():
     th.start()
     try:
         t0 = time.monotonic()
-        r = run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')")
+        r = run_program(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')"
+        )
         assert _failed(r), r
         r2 = run_program("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)")
         assert _failed(r2), r2
@@ -394,7 +396,13 @@ def test_output_flood_is_cut():
 
 
 def test_one_bad_sample_never_stops_the_run():
-    codes = ["print(1)", "import os\nos.abort()", "while True: pass", "import os\nos.kill(os.getpid(), 9)", "x = 1"]
+    codes = [
+        "print(1)",
+        "import os\nos.abort()",
+        "while True: pass",
+        "import os\nos.kill(os.getpid(), 9)",
+        "x = 1",
+    ]
     results = run_programs(codes, timeout_s=1.5, workers=2)
     assert [r.status for r in results] == ["passed", "failed", "timeout", "failed", "passed"]
     assert "SIGABRT" in results[1].reason and "SIGKILL" in results[3].reason
@@ -414,6 +422,8 @@ def test_without_a_cgroup_the_sample_may_not_fork_and_memfds_are_bounded(monkeyp
     assert r.status == "failed" and r.reason == "RuntimeError in the program", r
     memfds = "import os\nfor i in range(60):\n    os.write(os.memfd_create(f'm{i}'), b'x' * (16 << 20))\n"
     r = run_program(memfds, memory_mb=256, max_file_mb=16)
-    assert r.status == "failed" and r.reason == "OSError in the program" and "Too many open files" in r.detail, r
+    assert (
+        r.status == "failed" and r.reason == "OSError in the program" and "Too many open files" in r.detail
+    ), r
     assert r.peak_memory_mb is None
     assert run_program(RIGHT, CHECKS).passed

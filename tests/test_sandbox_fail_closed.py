@@ -19,7 +19,6 @@ WRONG_EXIT = "def add(a, b):\n    return None\nimport os\nos._exit(0)\n"
 CHECKS = "def check(f):\n    assert f(2, 3) == 5\n\ncheck(add)\n"
 
 
-
 @pytest.fixture
 def no_isolation(monkeypatch):
     """Simulate a machine where the namespaces cannot be created."""

@@ -68,9 +68,7 @@ def cgroup_support() -> tuple[str, dict[str, Path]] | None:
     if (unified / "cgroup.controllers").is_file() and "" in own:
         candidates.append(("v2", {"": unified / own[""].lstrip("/")}))
     if "memory" in own and "pids" in own:
-        candidates.append(
-            ("v1", {c: _ROOT / c / own[c].lstrip("/") for c in ("memory", "pids")})
-        )
+        candidates.append(("v1", {c: _ROOT / c / own[c].lstrip("/") for c in ("memory", "pids")}))
     for version, parents in candidates:
         try:
             probe = SampleCgroup._create(version, parents, 64 * 1024 * 1024, 8, "probe")

@@ -59,14 +59,25 @@ class CodePassAt1(evaluate.Metric):
         per_example=False,
     ):
         results = run_programs(
-            predictions, references, timeout_s=timeout_s, memory_mb=memory_mb, workers=workers, unsafe=unsafe_exec
+            predictions,
+            references,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            workers=workers,
+            unsafe=unsafe_exec,
         )
         passed = [100.0 * r.passed for r in results]
         result = {"pass@1": sum(passed) / max(len(passed), 1)}
         if per_example:
             result["per_example"] = [{"pass@1": p} for p in passed]
             result["results"] = [
-                {"passed": r.passed, "status": r.status, "reason": r.reason, "detail": r.detail, "seconds": r.seconds}
+                {
+                    "passed": r.passed,
+                    "status": r.status,
+                    "reason": r.reason,
+                    "detail": r.detail,
+                    "seconds": r.seconds,
+                }
                 for r in results
             ]
         return result

@@ -43,10 +43,7 @@ import itertools
 import logging
 import os
 import secrets
-import select
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -59,6 +56,7 @@ from pathlib import Path
 
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
+from viasd.tasks.sandbox_proc import collect, exit_words, kill_group, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -330,126 +328,6 @@ def drops_privileges(unsafe: bool = False) -> bool:
     return _plan(unsafe).drop_uid
 
 
-def remove_tree(path: str | os.PathLike) -> bool:
-    """Delete ``path`` however deep or oddly permissioned its tree is; never raises.
-
-    Iterative (no recursion limit); makes each directory accessible before emptying it.
-    Returns False (with a warning) when something could not be removed.
-    """
-    root = os.fspath(path)
-    stack, failed = [root], set()
-    while stack:
-        d = stack[-1]
-        subdirs = []
-        try:
-            os.chmod(d, stat.S_IRWXU, follow_symlinks=False)
-            with os.scandir(d) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        if e.path not in failed:
-                            subdirs.append(e.path)
-                    else:
-                        try:
-                            os.unlink(e.path)
-                        except FileNotFoundError:
-                            pass
-        except FileNotFoundError:
-            stack.pop()
-            continue
-        except OSError:
-            pass
-        if subdirs:
-            stack.extend(subdirs)
-            continue
-        stack.pop()
-        try:
-            os.rmdir(d)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            failed.add(d)
-    if failed or os.path.lexists(root):
-        log.warning("could not fully remove sandbox directory %s", root)
-        return False
-    return True
-
-
-def _kill_group(proc: subprocess.Popen, namespace: bool) -> None:
-    """SIGKILL everything the program started, then reap the launched process.
-
-    In namespace mode the children of ``unshare`` (the namespace's init) die first, so that
-    ``unshare`` is still there to reap it; then the whole process group (unsafe mode).
-    """
-    kids: list[str] = []
-    if namespace:
-        try:
-            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        except OSError:
-            pass
-    for k in kids:
-        try:
-            os.kill(int(k), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
-    if kids:
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _collect(proc: subprocess.Popen, out_r: int, res_r: int, timeout_s: float, max_output: int):
-    """Read output (tail kept) and the result pipe until both close; ``(tail, result, "timeout"|"output"|"")``."""
-    deadline = time.monotonic() + timeout_s
-    tail, result, total, stop = bytearray(), bytearray(), 0, ""
-    open_fds = {out_r, res_r}
-    exited_at: float | None = None
-    while True:
-        now = time.monotonic()
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        if exited_at is not None and (not open_fds or now > exited_at + 1.0):
-            break  # done, or leftovers (unsafe mode) hold the pipes: they get killed
-        if now >= deadline:
-            stop = "timeout"
-            break
-        wait = min(deadline, exited_at + 1.0 if exited_at else deadline) - now
-        ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.05) if open_fds else 0.05)
-        if not open_fds:
-            time.sleep(0.01)
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if not data:
-                open_fds.discard(fd)
-            elif fd == out_r:
-                total += len(data)
-                tail += data
-                del tail[: -4 * _DETAIL_CHARS]
-            else:
-                result += data[: max(0, 4096 - len(result))]
-        if total > max_output:
-            stop = "output"
-            break
-    text = tail.decode("utf-8", "replace")
-    lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("unshare: ")]
-    return "".join(lines)[-_DETAIL_CHARS:], bytes(result), stop
-
-
-def _exit_words(rc: int, namespace: bool) -> str:
-    sig = -rc if rc < 0 else (rc - 128 if namespace and 128 < rc < 128 + 65 else 0)
-    if not sig:
-        return f"exit status {rc}"
-    try:
-        return f"killed by {signal.Signals(sig).name}"
-    except ValueError:
-        return f"killed by signal {sig}"
-
-
 def run_program(
     code: str,
     checks: str = "",
@@ -523,8 +401,8 @@ def run_program(
         for fd in (key_r, key_w, res_w, out_w):
             os.close(fd)
             fds.remove(fd)
-        detail, verdict, stop = _collect(proc, out_r, res_r, timeout_s, max_output_mb * mb)
-        _kill_group(proc, namespace)  # leftovers die with the PID namespace; in unsafe mode, here
+        detail, verdict, stop = collect(proc, out_r, res_r, timeout_s, max_output_mb * mb, _DETAIL_CHARS)
+        kill_group(proc, namespace)  # leftovers die with the PID namespace; in unsafe mode, here
         peak = cg.peak_bytes() if cg else None
         peak_mb = None if peak is None else peak / mb
         if stop == "timeout":
@@ -539,15 +417,15 @@ def run_program(
         if verdict.startswith(b"failed ") and key not in verdict:
             return result("failed", verdict[7:200].decode("ascii", "replace"), detail, peak_mb)
         if cg is not None and cg.oom_killed():
-            reason = f"the sample exceeded its memory limit of {memory_mb} MB ({_exit_words(rc, namespace)})"
+            reason = f"the sample exceeded its memory limit of {memory_mb} MB ({exit_words(rc, namespace)})"
             return result("failed", reason, detail, peak_mb)
-        how = _exit_words(rc, namespace)
+        how = exit_words(rc, namespace)
         if verdict:
             return result("failed", f"the result channel was tampered with ({how})", detail, peak_mb)
         return result("failed", f"exited before the checks completed ({how})", detail, peak_mb)
     except Exception as e:  # the harness must survive whatever a sample does
         if proc is not None and proc.poll() is None:
-            _kill_group(proc, namespace)
+            kill_group(proc, namespace)
         return result("error", f"{type(e).__name__}: {e}")
     finally:
         for fd in fds:

@@ -307,8 +307,8 @@ class _CodeTask(Task):
 class HumanEvalTask(_CodeTask):
     """HumanEval: complete a function from its signature and docstring; pass@1 in the sandbox.
 
-    The program run is ``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``. A
-    completion may be the function body (base models) or the whole function (chat models).
+    The program is ``prompt + completion``; the checks, run after it, ``test + "\\ncheck(entry_point)"``.
+    A completion may be the function body (base models) or the whole function (chat models).
     """
 
     defaults = {
@@ -350,7 +350,7 @@ class HumanEvalTask(_CodeTask):
 class MbppTask(_CodeTask):
     """MBPP (full), test split task_id 11-510 by default; pass@1 on the three asserts.
 
-    The program run is ``completion + "\\n" + test_setup_code + "\\n" + test_list``.
+    The program is the completion; the checks, run after it, ``test_setup_code`` and ``test_list``.
     """
 
     defaults = {

@@ -25,7 +25,9 @@ number of tasks). Without a usable cgroup, the program may not fork or start thr
 (``RLIMIT_NPROC`` 1 for its uid) and open files × file size is kept within the memory
 budget, with IPC sysctls lowered in its namespace. Per process there are also limits on
 address space, file size, CPU seconds and open files. Output goes through a pipe; past
-``max_output_mb`` the sample is killed.
+``max_output_mb`` the sample is killed. (util-linux rather than bubblewrap: run by root,
+bwrap can change the uid only inside a user namespace that maps it back to root on the
+host, which leaves root-owned files writable; util-linux is in every Debian base image.)
 
 Fail closed: when namespace mode is unavailable (not root, no ``CAP_SYS_ADMIN``, tools
 missing), :func:`run_programs` raises a :class:`~viasd.errors.ConfigError` naming the

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import sandbox
+from viasd.tasks import cgroups, sandbox
 from viasd.tasks.sandbox import SandboxResult, remove_tree, run_program, run_programs
 
 QUICK = 8.0  # seconds: every attack must be over well within this
@@ -50,7 +50,12 @@ def _failed(r: SandboxResult) -> bool:
 
 
 def _leftover_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("viasd-sbx-*"))
+    """Sandbox work directories in the host's /tmp and per-sample cgroups."""
+    support = cgroups.cgroup_support()
+    found = set(Path(tempfile.gettempdir()).glob("viasd-sbx-*"))
+    for parent in support[1].values() if support else []:
+        found |= set(parent.glob(f"viasd-sbx-{os.getpid()}-*"))  # this process's samples only
+    return found
 
 
 # --- pass means the checks ran to completion -----------------------------------------------
@@ -413,8 +418,6 @@ def test_mode_is_namespace_here():
 
 
 def test_without_a_cgroup_the_sample_may_not_fork_and_memfds_are_bounded(monkeypatch):
-    from viasd.tasks import cgroups
-
     monkeypatch.setattr(cgroups, "cgroup_support", lambda: None)
     r = run_program("import os\nos.fork()")
     assert r.status == "failed" and r.reason == "BlockingIOError in the program", r

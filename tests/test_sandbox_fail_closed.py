@@ -5,11 +5,18 @@ Runs on any machine: the unavailability is simulated.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from viasd.errors import ConfigError
+from viasd.paths import PROJECT_ROOT
 from viasd.tasks import build_task, sandbox
 from viasd.tasks.base import Example
 from viasd.tasks.sandbox import run_program, run_programs
@@ -54,3 +61,22 @@ def test_code_task_refuses_before_generation(no_isolation):
     with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC"):
         task.score([RIGHT], [ex])
     build_task({"name": "humaneval", "unsafe_exec": True}).preflight()  # waived: no error
+
+
+def test_root_without_cap_sys_admin_refuses_for_real(tmp_path):
+    """End to end: score_code under root minus CAP_SYS_ADMIN exits 2 with one line naming the opt-in."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or sandbox._isolation()[0] is None:
+        pytest.skip("needs root, setpriv and a working sandbox to take CAP_SYS_ADMIN away from")
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"task_id": "T/0", "prompt": "def add(a, b):\n", "canonical_solution": "",
+                                    "test": "def check(c):\n    assert c(2, 3) == 5\n", "entry_point": "add"}) + "\n")  # fmt: skip
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": "    return a + b\n"}) + "\n")
+    cmd = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-m",
+           "experiments.score_code", "--task", "humaneval", "--samples", str(samples), "--problems", str(problems)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != sandbox.UNSAFE_ENV}
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "VIASD_UNSAFE_EXEC=1" in lines[0], proc.stderr[-2000:]
+    assert not Path(str(samples) + "_results.jsonl").exists()

@@ -117,9 +117,13 @@ def collect(
             stop = "timeout"
             break
         wait = min(deadline, exited_at + 1.0 if exited_at else deadline) - now
-        ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.05) if open_fds else 0.05)
-        if not open_fds:
-            time.sleep(0.01)
+        if not open_fds:  # output done: wait for the launcher itself
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+            continue
+        ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.05))
         for fd in ready:
             data = os.read(fd, 65536)
             if not data:

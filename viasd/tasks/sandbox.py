@@ -358,11 +358,12 @@ def run_program(
         return SandboxResult(status == "passed", status, reason, detail, time.monotonic() - t0, peak)
 
     namespace = plan.mode == "namespace"
-    workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
+    workdir: str | None = None
     cg: SampleCgroup | None = None
     proc: subprocess.Popen | None = None
     fds: list[int] = []
     try:
+        workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
         Path(workdir, "program.py").write_text(code, encoding="utf-8")
         Path(workdir, "checks.py").write_text(checks, encoding="utf-8")
         if namespace:
@@ -437,7 +438,8 @@ def run_program(
                 pass
         if cg is not None:
             cg.remove()
-        remove_tree(workdir)
+        if workdir is not None:
+            remove_tree(workdir)
 
 
 def run_programs(

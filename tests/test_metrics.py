@@ -14,6 +14,7 @@ import sacrebleu
 
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT, data_dir
+from viasd.tasks import sandbox
 from viasd.tasks.metrics import available_metrics, load_metric
 from viasd.tasks.scoring import (
     extract_answer_number,
@@ -27,6 +28,9 @@ from viasd.tasks.scoring import (
 
 needs_data = pytest.mark.skipif(
     data_dir(required=False) is None, reason="offline data folder not found (set VIASD_DATA_DIR)"
+)
+needs_sandbox = pytest.mark.skipif(
+    sandbox._isolation()[0] is None, reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})"
 )
 ALL = ("bleu", "code_pass_at_1", "gsm8k_accuracy", "rouge", "squad_qa")
 
@@ -63,6 +67,7 @@ def test_metrics_load_by_path_fully_offline(tmp_path):
         "HTTP_PROXY": "http://127.0.0.1:9",
         "HTTPS_PROXY": "http://127.0.0.1:9",
         "HF_HOME": str(tmp_path / "hf"),  # empty caches: nothing pre-downloaded to lean on
+        "VIASD_UNSAFE_EXEC": "1",  # a trivial program; lets this offline-loading test run where the sandbox cannot
     }
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
@@ -269,6 +274,7 @@ def test_squad_qa_metric():
 # --- pass@1 --------------------------------------------------------------------------
 
 
+@needs_sandbox
 def test_code_pass_at_1_metric_small():
     out = load_metric("code_pass_at_1").compute(
         predictions=[
@@ -284,6 +290,7 @@ def test_code_pass_at_1_metric_small():
 
 
 @needs_data
+@needs_sandbox
 def test_humaneval_canonical_solutions_all_pass_and_wrong_fails():
     from viasd.tasks import build_task
 

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from viasd.paths import PROJECT_ROOT
 from viasd.runner import run
+from viasd.tasks import sandbox
 
 SUMMARY_KEYS = {"method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s", "rejection_rate",
                 "mean_accepted"}
@@ -73,6 +74,8 @@ def test_every_task_runs_end_to_end(task, runs_dir):
 
     if data_dir(required=False) is None:
         pytest.skip("offline data folder not found; set VIASD_DATA_DIR")
+    if task in ("humaneval", "mbpp") and sandbox._isolation()[0] is None:
+        pytest.skip(f"code sandbox unavailable here ({sandbox._isolation()[1]})")
     s = run(_cfg("pair=tiny-llama", "method=sd", f"task={task}", "task.n_examples=2", "generation.max_new_tokens=4"))
     assert s["n_examples"] == 2 and s["task"] == task
     rows = [json.loads(x) for x in (runs_dir / s["run_id"] / "examples.jsonl").read_text().splitlines()]

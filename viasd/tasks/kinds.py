@@ -32,6 +32,7 @@ from viasd.errors import ConfigError
 from viasd.tasks.base import TASKS, Example, Task
 from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
 from viasd.tasks.fewshot import GSM8K_COT
+from viasd.tasks.sandbox import require_isolation
 from viasd.tasks.scoring import extract_gsm8k_gold, ptb_detokenize
 
 __all__ = [
@@ -273,7 +274,15 @@ def extract_code_block(text: str) -> str | None:
 
 class _CodeTask(Task):
     metric = "code_pass_at_1"
-    sandbox_defaults = {"timeout_s": 10.0, "memory_mb": 1024, "workers": None}
+    sandbox_defaults = {"timeout_s": 10.0, "memory_mb": 1024, "workers": None, "unsafe_exec": False}
+
+    def preflight(self) -> None:
+        """Raise a one-line ConfigError now if generated code could not be executed at scoring time.
+
+        Refuses when the sandbox is unavailable here, unless ``unsafe_exec: true`` or
+        ``VIASD_UNSAFE_EXEC=1`` waives it (see :func:`viasd.tasks.sandbox.require_isolation`).
+        """
+        require_isolation(bool(self.cfg["unsafe_exec"]))
 
     def postprocess(self, text: str) -> str:
         """The code in the first fenced block if there is one, else the text cut at the stop strings.
@@ -290,6 +299,7 @@ class _CodeTask(Task):
             "timeout_s": self.cfg["timeout_s"],
             "memory_mb": self.cfg["memory_mb"],
             "workers": self.cfg["workers"],
+            "unsafe_exec": bool(self.cfg["unsafe_exec"]),
         }
 
 
@@ -297,8 +307,8 @@ class _CodeTask(Task):
 class HumanEvalTask(_CodeTask):
     """HumanEval: complete a function from its signature and docstring; pass@1 in the sandbox.
 
-    The program run is ``prompt + completion + "\\n" + test + "\\ncheck(entry_point)"``. A
-    completion may be the function body (base models) or the whole function (chat models).
+    The program is ``prompt + completion``; the checks, run after it, ``test + "\\ncheck(entry_point)"``.
+    A completion may be the function body (base models) or the whole function (chat models).
     """
 
     defaults = {
@@ -340,7 +350,7 @@ class HumanEvalTask(_CodeTask):
 class MbppTask(_CodeTask):
     """MBPP (full), test split task_id 11-510 by default; pass@1 on the three asserts.
 
-    The program run is ``completion + "\\n" + test_setup_code + "\\n" + test_list``.
+    The program is the completion; the checks, run after it, ``test_setup_code`` and ``test_list``.
     """
 
     defaults = {

@@ -1,43 +1,41 @@
 """Sandboxed execution of generated code, for pass@1 (HumanEval, MBPP).
 
-This module owns running one untrusted Python program and reporting whether it exited
-cleanly. Every program runs in its own ``python -I`` process, with:
+This module owns running one untrusted program and its checks and deciding whether the
+checks ran to completion. A harness-owned driver runs inside a fresh ``python -I``
+process: it executes the program, then the checks, in one namespace (whose ``__name__`` is
+not ``"__main__"``, as in OpenAI's human-eval, so ``if __name__ == "__main__":`` blocks do
+not run) and, only when both returned, writes a per-run random key to a result pipe. A
+sample passes iff the harness reads exactly that key back. Exit statuses are never
+trusted: ``os._exit(0)``, ``sys.exit``, ``SystemExit``, ``exit()``/``quit()``, ``atexit``
+and ``sys.excepthook`` tricks, signals and timeouts all end before the key is written, so
+they fail, each with its reason. (The key lives in the driver's frame: a program written
+to inspect the driver's frames could forge it, as it could under human-eval.)
 
-* a wall-clock timeout; the whole process group is killed with SIGKILL when it expires;
-* resource limits set by a bootstrap inside the sandboxed interpreter before the program
-  starts (hard and soft): address space (``memory_mb``), processes/threads
-  (``RLIMIT_NPROC``), file size, CPU seconds, open files, no core dumps;
-* a fresh temporary working directory, deleted afterwards; a minimal environment; stdin
-  at end of file; no inherited file descriptors except the output file.
+Isolation (``namespace`` mode, the only one used unless explicitly waived): root with
+util-linux ``unshare``/``setpriv``/``mount``. Each sample gets fresh network (downed
+loopback only), PID, mount, IPC and UTS namespaces; SysV shared memory, semaphores and
+message queues and POSIX queues die with the IPC namespace. A root ``sh`` is PID 1 of the
+namespace and the driver its child, run as a fresh unprivileged uid with no capabilities
+and ``no_new_privs``; when it ends, the kernel kills everything left. ``/tmp`` (holding the
+working directory ``/tmp/work``), ``/var/tmp``, ``/run/lock`` and ``/dev/shm`` are private
+size-limited tmpfs mounts, so nothing the program writes reaches the host disk and all of
+it vanishes with the namespace. The whole sample (every process, its files, memfds and
+shared memory) is bounded by a per-sample cgroup (:mod:`viasd.tasks.cgroups`: memory and
+number of tasks). Without a usable cgroup, the program may not fork or start threads
+(``RLIMIT_NPROC`` 1 for its uid) and open files × file size is kept within the memory
+budget, with IPC sysctls lowered in its namespace. Per process there are also limits on
+address space, file size, CPU seconds and open files. Output goes through a pipe; past
+``max_output_mb`` the sample is killed. (util-linux rather than bubblewrap: run by root,
+bwrap can change the uid only inside a user namespace that maps it back to root on the
+host, which leaves root-owned files writable; util-linux is in every Debian base image.)
 
-Two modes, chosen once per process by :func:`sandbox_mode`:
-
-``namespace`` (root with util-linux ``unshare``/``setpriv``/``mount``, as in our CI):
-  the program runs in fresh network, PID and mount namespaces (``unshare``), as a fresh
-  unprivileged uid/gid with no capabilities and ``no_new_privs`` (``setpriv``). The network
-  namespace has only a downed loopback, so every connection fails. In the PID namespace a
-  root-owned ``sh`` is PID 1 and the program its child: when the program ends or is killed,
-  ``sh`` exits and the kernel kills every process left in the namespace; the program cannot
-  see or signal host processes (``/proc`` is the namespace's own). ``RLIMIT_NPROC`` is
-  enforced because the uid is not root and is unique to the run, so a fork bomb stops at
-  ``max_procs`` processes and cannot starve concurrent runs. ``/tmp``, ``/var/tmp``,
-  ``/run/lock`` and ``/dev/shm`` (the world-writable places) are replaced by small private
-  tmpfs mounts, and the working directory is bind-mounted at ``/tmp/work``; everything else
-  is owned by root, so writing outside the working directory fails (or lands in a tmpfs
-  that vanishes with the run).
-
-``basic`` (the tools are missing or fail, or forced): a new session, the same resource
-  limits, a temporary working directory, and an audit hook that refuses socket creation.
-  As root the program still runs as a fresh unprivileged uid (so ``RLIMIT_NPROC`` holds and
-  root-owned files are read-only to it), but the world-writable directories are shared and
-  there is no PID namespace (leftover processes are killed through the process group). As
-  a normal user the filesystem is protected only by that user's permissions. Generated
-  code is never run as root: if no interpreter works for the fresh uid, runs report
-  ``"error"``.
-
-Set ``VIASD_SANDBOX_MODE=basic`` to force the fallback and ``VIASD_SANDBOX_PYTHON`` to pick
-the interpreter (default: the first of ``sys.executable``, ``/usr/bin/python3`` that the
-sandbox uid can run as the same installation).
+Fail closed: when namespace mode is unavailable (not root, no ``CAP_SYS_ADMIN``, tools
+missing), :func:`run_programs` raises a :class:`~viasd.errors.ConfigError` naming the
+opt-in, ``VIASD_UNSAFE_EXEC=1`` or the task's ``unsafe_exec: true``. With the opt-in,
+programs run with the resource limits only (as a fresh uid when root, else as the
+harness's own user, which can read its files and environment), with a warning per call.
+``VIASD_SANDBOX_PYTHON`` picks the interpreter (default: the first of ``sys.executable``,
+``/usr/bin/python3`` that the sandbox uid runs as the same installation).
 """
 
 from __future__ import annotations
@@ -45,11 +43,9 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import math
 import os
-import select
+import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,18 +56,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from viasd.errors import ConfigError
+from viasd.tasks.cgroups import SampleCgroup
+from viasd.tasks.sandbox_proc import collect, exit_words, kill_group, remove_tree
+
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "UNSAFE_ENV",
     "SandboxResult",
     "drops_privileges",
+    "remove_tree",
+    "require_isolation",
     "run_program",
     "run_programs",
     "sandbox_mode",
     "sandbox_python",
 ]
 
-# Exit status the setup stage uses when the sandbox itself could not be built.
+UNSAFE_ENV = "VIASD_UNSAFE_EXEC"
 _SETUP_FAILED = 125
 _SETUP_MARKER = "viasd-sandbox-setup-failed"
 _DETAIL_CHARS = 2000
@@ -79,60 +82,78 @@ _UID_BASE = 1_500_000  # fresh uids with no passwd entry: nothing on disk is own
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
 
-# Runs inside the sandboxed interpreter before the program: lower the resource limits
-# (allowed to any user, and impossible to raise back), optionally block sockets, then run
-# the program as __main__. argv: limits as ints (a negative process limit is relative to the
-# tasks the user already has), "1"/"0" for the socket guard, program path.
-_BOOTSTRAP = r"""
-import resource, sys
-_as, _nproc, _fsize, _cpu, _nofile, _guard = (int(a) for a in sys.argv[1:7])
-_path = sys.argv[7]
-if _nproc < 0:  # basic mode: the limit counts every task of this user, so add what exists
-    import os
-    _mine = [p for p in os.listdir("/proc") if p.isdigit()]
-    _n = 0
-    for _p in _mine:
+# The harness-owned driver, run by the sandboxed interpreter. argv: key fd, result fd, the
+# limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard.
+# It takes everything it needs before the program runs, so a program that replaces
+# os.write/os._exit or sys.stderr can only make its own sample fail.
+_DRIVER = r"""
+def _viasd_driver(argv):
+    import builtins, os, resource, sys, traceback
+    write, exit_, close = os.write, os._exit, os.close
+    key_fd, res_fd = int(argv[1]), int(argv[2])
+    key = os.read(key_fd, 64)
+    close(key_fd)
+    lims = [int(a) for a in argv[3:8]]
+    for lim, val in zip((resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE,
+                         resource.RLIMIT_CPU, resource.RLIMIT_NOFILE), lims):
+        if val >= 0:
+            resource.setrlimit(lim, (val, val))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if argv[8] == "1":
+        def no_net(event, args):
+            if event.startswith("socket.") and event != "socket.gethostname":
+                raise PermissionError("network access is disabled in the sandbox")
+        sys.addaudithook(no_net)
+    sys.argv = ["program.py"]
+    g = {"__name__": "__candidate__", "__builtins__": builtins}
+    sources = {}
+    for stage in ("program", "checks"):  # both read before anything runs: the program may rewrite files
+        with open(stage + ".py", encoding="utf-8") as f:
+            sources[stage] = f.read()
+    try:
+        for stage in ("program", "checks"):
+            exec(compile(sources[stage], stage + ".py", "exec"), g)
+        verdict = key + b" passed"
+    except BaseException as e:
         try:
-            if os.stat("/proc/" + _p).st_uid == os.getuid():
-                _n += len(os.listdir("/proc/" + _p + "/task"))
-        except OSError:
+            what = type(e).__name__
+        except BaseException:
+            what = "exception"
+        verdict = ("failed %s in the %s" % (what, stage)).encode("ascii", "replace")
+        try:
+            traceback.print_exc()
+        except BaseException:
             pass
-    _nproc = _n - _nproc
-    del os, _mine, _n, _p
-for _lim, _val in ((resource.RLIMIT_AS, _as), (resource.RLIMIT_NPROC, _nproc),
-                   (resource.RLIMIT_FSIZE, _fsize), (resource.RLIMIT_CPU, _cpu),
-                   (resource.RLIMIT_NOFILE, _nofile), (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(_lim, (_val, _val))
-if _guard:
-    def _no_net(event, args):
-        if event.startswith("socket.") and event != "socket.gethostname":
-            raise PermissionError("network access is disabled in the sandbox")
-    sys.addaudithook(_no_net)
-sys.argv = [_path]
-with open(_path, encoding="utf-8") as _f:
-    _code = compile(_f.read(), _path, "exec")
-_g = {"__name__": "__main__", "__file__": _path, "__builtins__": __builtins__}
-del resource, _as, _nproc, _fsize, _cpu, _nofile, _guard, _lim, _val, _f
-exec(_code, _g)
+    try:
+        write(res_fd, verdict)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        exit_(0)
+_viasd_driver(__import__("sys").argv)
 """
 
-# Root stage of namespace mode, run by sh inside the new namespaces: mask world-writable
-# directories with private tmpfs mounts, bind the working directory at /tmp/work, then run
-# the command as the fresh uid with no capabilities. $1 = uid, $2 = tmpfs size; the rest is
-# the command. sh stays as PID 1 of the namespace (not exec'd away): PID 1 ignores signals
-# it has no handler for, so a program that kills itself must not be PID 1. When sh exits,
-# the kernel kills whatever the program left behind. A program killed by signal N makes sh
-# exit with 128 + N.
+# Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
+# cgroup, lower the IPC limits, mount private tmpfs over the world-writable directories,
+# copy the program into /tmp/work, then run the driver as the fresh uid without
+# capabilities. sh stays PID 1 (a program that kills itself must not be PID 1); when it
+# exits, the kernel kills whatever is left. $1 uid, $2 tmpfs size, $3 IPC byte limit, $4
+# cgroup.procs files (space separated, may be empty); the rest is the command.
 _STAGE = r"""
 fail() { echo "viasd-sandbox-setup-failed: $*" >&2; exit 125; }
-uid=$1; size=$2; shift 2
+uid=$1; size=$2; ipc=$3; cgs=$4; shift 4
+for f in $cgs; do echo 0 > "$f" || fail "join cgroup $f"; done
+echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel/shmall &&
+  echo 4 > /proc/sys/kernel/shmmni && echo 4 > /proc/sys/kernel/msgmni &&
+  echo 4 > /proc/sys/fs/mqueue/queues_max || fail "IPC limits"
 mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs /tmp || fail "mount /tmp"
 for d in /var/tmp /run/lock /dev/shm; do
   if [ -d "$d" ]; then mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$d" || fail "mount $d"; fi
 done
-mkdir /tmp/work || fail "mkdir /tmp/work"
-mount --no-canonicalize --bind . /tmp/work || fail "bind working directory"
+mkdir -m 700 /tmp/work && cp program.py checks.py /tmp/work/ && chown -R "$uid:$uid" /tmp/work ||
+  fail "prepare /tmp/work"
 cd /tmp/work || fail "cd /tmp/work"
+unset OLDPWD
 setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
   --inh-caps=-all --bounding-set=-all "$@"
 exit $?
@@ -141,22 +162,28 @@ exit $?
 
 @dataclass
 class SandboxResult:
-    """Outcome of one sandboxed program.
+    """Outcome of one sandboxed program and its checks.
 
-    ``status`` is ``"passed"`` (exit status 0), ``"failed"`` (non-zero exit, uncaught
-    exception, killed by a limit), ``"timeout"`` (wall clock exceeded) or ``"error"`` (the
-    sandbox itself could not run the program). ``detail`` is the tail of the program's
-    combined stdout/stderr, or the reason. ``seconds`` is the wall time.
+    ``status``: ``"passed"`` (the checks ran to completion), ``"failed"`` (an exception,
+    an early exit, a signal, a limit), ``"timeout"`` or ``"error"`` (the sandbox could not
+    run it). ``reason`` is one line saying why; ``detail`` the tail of the combined
+    stdout/stderr; ``seconds`` the wall time; ``peak_memory_mb`` the sample's peak memory
+    charge when a cgroup bounded it (else None).
     """
 
     passed: bool
     status: str
+    reason: str
     detail: str
     seconds: float
+    peak_memory_mb: float | None = None
 
 
-def _tools_present() -> bool:
-    return all(shutil.which(t) for t in ("unshare", "setpriv", "mount", "sh"))
+@dataclass(frozen=True)
+class _Plan:
+    mode: str  # namespace | unsafe
+    python: str
+    drop_uid: bool  # run as a fresh unprivileged uid (we are root)
 
 
 def _next_uid() -> int:
@@ -165,122 +192,8 @@ def _next_uid() -> int:
     return _UID_BASE + (os.getpid() % 20_000) * 1_000 + n % 1_000
 
 
-def _namespace_prefix(uid: int | None, tmpfs_mb: int) -> list[str]:
-    return [
-        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-        "sh", "-c", _STAGE, "viasd-sandbox", str(uid), f"{tmpfs_mb}m",
-    ]  # fmt: skip
-
-
-def _probe_version(cmd: list[str], cwd: str | None = None, user: int | None = None) -> str | None:
-    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
-    try:
-        out = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
-            env=_minimal_env(cwd or "/tmp"),
-            **kw,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
-_VERSION_CODE = "import sys; print(sys.version, sys.prefix)"
-
-
-@dataclass(frozen=True)
-class _Plan:
-    mode: str  # namespace | basic
-    python: str
-    drop_uid: bool  # run as a fresh unprivileged uid (we are root)
-
-
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _first_usable(candidates: list[str], namespace: bool) -> str | None:
-    """The first interpreter a fresh uid runs as the same installation root sees."""
-    workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
-    try:
-        uid = _next_uid()
-        os.chown(workdir, uid, uid)
-        for py in candidates:
-            as_root = _probe_version([py, "-I", "-c", _VERSION_CODE])
-            if namespace:
-                cmd = _namespace_prefix(uid, 16) + [py, "-I", "-c", _VERSION_CODE]
-                sandboxed = _probe_version(cmd, cwd=workdir)
-            else:
-                sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], cwd=workdir, user=uid)
-            # Same version and prefix: not, e.g., a system libpython picked up because the
-            # real one sits under a private /root.
-            if as_root and sandboxed == as_root:
-                return py
-        return None
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-@functools.lru_cache(maxsize=1)
-def _select() -> _Plan:
-    """How this process runs sandboxed programs; probes the tools once."""
-    forced = os.environ.get("VIASD_SANDBOX_MODE", "").strip().lower()
-    if forced not in ("", "basic", "namespace"):
-        log.warning("VIASD_SANDBOX_MODE=%r ignored (use basic or namespace)", forced)
-        forced = ""
-    env_py = os.environ.get("VIASD_SANDBOX_PYTHON")
-    candidates = [env_py] if env_py else [sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]
-    candidates = [c for i, c in enumerate(candidates) if c and c not in candidates[:i] and os.path.exists(c)]
-    if not candidates:
-        raise RuntimeError("no Python interpreter found for the sandbox; set VIASD_SANDBOX_PYTHON")
-
-    if forced != "basic" and _is_root() and _tools_present():
-        py = _first_usable(candidates, namespace=True)
-        if py:
-            return _Plan("namespace", py, True)
-        msg = f"namespace sandbox unavailable (unshare/setpriv probe failed for {candidates})"
-        if forced == "namespace":
-            raise RuntimeError(msg)
-        log.warning("%s; using basic mode", msg)
-    elif forced == "namespace":
-        raise RuntimeError("VIASD_SANDBOX_MODE=namespace needs root and util-linux unshare/setpriv/mount")
-    if _is_root():
-        py = _first_usable(candidates, namespace=False)
-        if py:
-            log.warning(
-                "code sandbox in basic mode: fresh unprivileged uid and resource limits, but no "
-                "network/PID/mount namespaces (sockets are refused by an audit hook)"
-            )
-            return _Plan("basic", py, True)
-        raise RuntimeError(
-            f"no interpreter among {candidates} is usable by an unprivileged uid; refusing to run "
-            "generated code as root. Set VIASD_SANDBOX_PYTHON to a world-readable python"
-        )
-    log.warning(
-        "code sandbox in basic mode (not root): resource limits and a socket audit hook, no "
-        "namespaces; the filesystem is protected only by the current user's permissions"
-    )
-    return _Plan("basic", env_py or sys.executable, False)
-
-
-def sandbox_mode() -> str:
-    """``"namespace"`` or ``"basic"``: how :func:`run_program` isolates programs here."""
-    return _select().mode
-
-
-def sandbox_python() -> str:
-    """The interpreter that sandboxed programs run with."""
-    return _select().python
-
-
-def drops_privileges() -> bool:
-    """True when programs run as a fresh unprivileged uid (the harness runs as root)."""
-    return _select().drop_uid
 
 
 def _minimal_env(home: str) -> dict[str, str]:
@@ -298,176 +211,270 @@ def _minimal_env(home: str) -> dict[str, str]:
     }
 
 
-def _tail(f) -> str:
-    """The last characters of the program's output, without ``unshare``'s own notices."""
+def _namespace_prefix(uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]) -> list[str]:
+    return [
+        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
+        "sh", "-c", _STAGE, "viasd-sandbox", str(uid), f"{tmpfs_mb}m", str(ipc_bytes), " ".join(cgroup_procs),
+    ]  # fmt: skip
+
+
+_VERSION_CODE = "import sys; print(sys.version, sys.prefix)"
+
+
+def _probe_version(cmd: list[str], cwd: str, user: int | None = None) -> str | None:
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
     try:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - 4 * _DETAIL_CHARS))
-        text = f.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return ""
-    lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("unshare: ")]
-    return "".join(lines)[-_DETAIL_CHARS:]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
+                             cwd=cwd, env=_minimal_env(cwd), **kw)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
-    """``proc.wait(timeout_s)`` without the polling latency, via a pidfd where available."""
-    if hasattr(os, "pidfd_open"):
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                ready, _, _ = select.select([fd], [], [], timeout_s)
-            finally:
-                os.close(fd)
-            if not ready:
-                raise subprocess.TimeoutExpired(proc.args, timeout_s)
-            return proc.wait()
-    return proc.wait(timeout=timeout_s)
+def _first_usable(candidates: list[str], namespace: bool) -> str | None:
+    """The first interpreter a fresh uid runs (in the namespaces) as the same installation."""
+    workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
+    try:
+        for name in ("program.py", "checks.py"):
+            Path(workdir, name).write_text("")
+        uid = _next_uid()
+        if not namespace:
+            os.chown(workdir, uid, uid)
+        for py in candidates:
+            as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
+            if namespace:
+                cmd = _namespace_prefix(uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
+                sandboxed = _probe_version(cmd, workdir)
+            else:
+                sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
+            if as_root and sandboxed == as_root:
+                return py
+        return None
+    finally:
+        remove_tree(workdir)
 
 
-def _kill_group(proc: subprocess.Popen, namespace: bool) -> None:
-    """SIGKILL everything the program started, then reap the launched process.
+def _candidates() -> list[str]:
+    env_py = os.environ.get("VIASD_SANDBOX_PYTHON")
+    cands = [env_py] if env_py else [sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]
+    return [c for i, c in enumerate(cands) if c and c not in cands[:i] and os.path.exists(c)]
 
-    The children of the launched process are killed first: in namespace mode that is the
-    PID-namespace init, whose death takes the whole namespace down while ``unshare`` is
-    still alive to reap it (killing ``unshare`` first would leave the init a zombie of the
-    host's init). Then the whole process group goes, for anything left (basic mode).
+
+@functools.lru_cache(maxsize=1)
+def _isolation() -> tuple[str | None, str]:
+    """(interpreter usable in namespace mode or None, why not); probes once per process."""
+    cands = _candidates()
+    if not cands:
+        return None, "no Python interpreter found for the sandbox (set VIASD_SANDBOX_PYTHON)"
+    if not _is_root():
+        return None, "not running as root"
+    missing = [t for t in ("unshare", "setpriv", "mount", "sh", "cp") if not shutil.which(t)]
+    if missing:
+        return None, f"missing tools {missing} (Debian: apt-get install util-linux mount)"
+    py = _first_usable(cands, namespace=True)
+    if py is None:
+        return None, "creating the namespaces failed (no CAP_SYS_ADMIN, or a seccomp/AppArmor policy)"
+    return py, ""
+
+
+def _unsafe_requested(unsafe: bool) -> bool:
+    return unsafe or os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def require_isolation(unsafe: bool = False) -> None:
+    """Raise a one-line ConfigError unless generated code can run fully isolated here (or is waived).
+
+    ``unsafe`` (a task's ``unsafe_exec``) or ``VIASD_UNSAFE_EXEC=1`` waives it. Cheap after
+    the first call; call it before generating, so a run cannot fail only at scoring time.
     """
-    kids: list[str] = []
-    if namespace:
-        try:
-            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        except OSError:
-            pass
-    for k in kids:
-        try:
-            os.kill(int(k), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
-    if kids:
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    py, why = _isolation()
+    if py is None and not _unsafe_requested(unsafe):
+        raise ConfigError(
+            f"refusing to execute generated code: the sandbox is unavailable ({why}). Run as root "
+            f"with util-linux unshare/setpriv, or accept running it unsandboxed with {UNSAFE_ENV}=1 "
+            "(or task.unsafe_exec=true)"
+        )
+
+
+def _plan(unsafe: bool) -> _Plan:
+    require_isolation(unsafe)
+    py, why = _isolation()
+    if py is not None:
+        return _Plan("namespace", py, True)
+    return _unsafe_plan(why)
+
+
+@functools.lru_cache(maxsize=1)
+def _unsafe_plan(why: str) -> _Plan:
+    if _is_root():
+        py = _first_usable(_candidates(), namespace=False)
+        if py is None:
+            raise ConfigError("no interpreter is usable by an unprivileged uid; set VIASD_SANDBOX_PYTHON "
+                              "to a world-readable python (generated code never runs as root)")  # fmt: skip
+        return _Plan("unsafe", py, True)
+    return _Plan("unsafe", os.environ.get("VIASD_SANDBOX_PYTHON") or sys.executable, False)
+
+
+def sandbox_mode(unsafe: bool = False) -> str:
+    """``"namespace"``, or ``"unsafe"`` when isolation is unavailable and waived (else ConfigError)."""
+    return _plan(unsafe).mode
+
+
+def sandbox_python(unsafe: bool = False) -> str:
+    """The interpreter that sandboxed programs run with."""
+    return _plan(unsafe).python
+
+
+def drops_privileges(unsafe: bool = False) -> bool:
+    """True when programs run as a fresh unprivileged uid (the harness runs as root)."""
+    return _plan(unsafe).drop_uid
 
 
 def run_program(
     code: str,
+    checks: str = "",
     timeout_s: float = 10,
     memory_mb: int = 1024,
     *,
     max_procs: int = 16,
     max_file_mb: int = 16,
+    max_disk_mb: int = 32,
+    max_output_mb: int = 4,
+    unsafe: bool = False,
 ) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a sandbox; passed iff it exits with status 0.
+    """Run ``code`` then ``checks`` in the sandbox; passed iff both ran to completion.
 
-    ``timeout_s`` bounds the wall time (the process group is killed on expiry),
-    ``memory_mb`` the address space of each process, ``max_procs`` the processes and
-    threads of the program, ``max_file_mb`` the size of any file it writes (and of its
-    output). Never raises for anything the program does: a crash, hang, fork bomb or
-    memory bomb comes back as a failed :class:`SandboxResult`.
+    ``timeout_s`` bounds the wall time; ``memory_mb`` the memory of the whole sample (its
+    cgroup) and of each process (address space); ``max_procs`` its processes and threads;
+    ``max_file_mb`` any one file (and memfd); ``max_disk_mb`` all files it writes (a
+    tmpfs); ``max_output_mb`` its stdout+stderr. Never raises for anything the program
+    does; raises a ConfigError (before running anything) when the sandbox is unavailable
+    and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not waive it.
     """
+    plan = _plan(unsafe)
     t0 = time.monotonic()
-    try:
-        plan = _select()
-    except RuntimeError as e:
-        return SandboxResult(False, "error", str(e), time.monotonic() - t0)
-    workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
-    out = tempfile.TemporaryFile()
+
+    def result(status: str, reason: str, detail: str = "", peak: float | None = None) -> SandboxResult:
+        return SandboxResult(status == "passed", status, reason, detail, time.monotonic() - t0, peak)
+
+    namespace = plan.mode == "namespace"
+    workdir: str | None = None
+    cg: SampleCgroup | None = None
     proc: subprocess.Popen | None = None
+    fds: list[int] = []
     try:
-        prog = Path(workdir) / "program.py"
-        prog.write_text(code, encoding="utf-8")
-        nproc = max_procs if plan.drop_uid else -max_procs  # relative to the user's tasks (see _BOOTSTRAP)
-        limits = [memory_mb * 1024 * 1024, nproc, max_file_mb * 1024 * 1024, math.ceil(timeout_s) + 1, 256]
-        guard = "0" if plan.mode == "namespace" else "1"
-        boot = [plan.python, "-I", "-B", "-c", _BOOTSTRAP, *map(str, limits), guard, "program.py"]
+        workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
+        Path(workdir, "program.py").write_text(code, encoding="utf-8")
+        Path(workdir, "checks.py").write_text(checks, encoding="utf-8")
+        if namespace:
+            try:
+                cg = SampleCgroup.create(memory_mb * 1024 * 1024, max_procs + 2)
+            except OSError as e:
+                return result("error", f"could not create the sample's cgroup: {e}")
+        mb = 1024 * 1024
+        nofile = 256 if cg or not namespace else max(16, memory_mb // max(1, max_file_mb))
+        nproc = (max_procs if cg else 1) if plan.drop_uid else -1
+        limits = [memory_mb * mb, nproc, max_file_mb * mb, int(timeout_s) + 2, nofile]
+        key = secrets.token_hex(16).encode()
+        key_r, key_w = os.pipe()
+        res_r, res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        fds = [key_r, key_w, res_r, res_w, out_r, out_w]
+        os.write(key_w, key)
+        driver = [plan.python, "-I", "-B", "-c", _DRIVER, str(key_r), str(res_w), *map(str, limits)]
+        driver.append("0" if namespace else "1")
         popen_kw: dict = {}
         uid = _next_uid() if plan.drop_uid else None
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-            os.chmod(workdir, 0o700)
-            os.chown(prog, uid, uid)
-        if plan.mode == "namespace":
-            cmd = _namespace_prefix(uid, max(16, max_file_mb * 2)) + boot
+        if namespace:
+            procs = cg.procs_files if cg else []
+            cmd = _namespace_prefix(uid, max_disk_mb, max_file_mb * mb, procs) + driver
             env = _minimal_env("/tmp/work")
         else:
-            cmd = boot
-            env = _minimal_env(workdir)
+            cmd, env = driver, _minimal_env(workdir)
             if uid is not None:
+                for p in (workdir, Path(workdir, "program.py"), Path(workdir, "checks.py")):
+                    os.chown(p, uid, uid)
                 popen_kw = {"user": uid, "group": uid, "extra_groups": []}
         try:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                start_new_session=True,
-                **popen_kw,
-            )
+            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out_w,
+                                    stderr=out_w, pass_fds=(key_r, res_w), start_new_session=True,
+                                    **popen_kw)  # fmt: skip
         except OSError as e:
-            return SandboxResult(False, "error", f"could not start the sandbox: {e}", time.monotonic() - t0)
-        try:
-            rc = _wait(proc, timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, plan.mode == "namespace")
-            return SandboxResult(
-                False, "timeout", f"timed out after {timeout_s:g} s\n{_tail(out)}", time.monotonic() - t0
-            )
-        # The program's children die with it (PID namespace); in basic mode kill stragglers.
-        _kill_group(proc, plan.mode == "namespace")
-        detail = _tail(out)
-        seconds = time.monotonic() - t0
-        if rc == 0:
-            return SandboxResult(True, "passed", detail, seconds)
+            return result("error", f"could not start the sandbox: {e}")
+        for fd in (key_r, key_w, res_w, out_w):
+            os.close(fd)
+            fds.remove(fd)
+        detail, verdict, stop = collect(proc, out_r, res_r, timeout_s, max_output_mb * mb, _DETAIL_CHARS)
+        kill_group(proc, namespace)  # leftovers die with the PID namespace; in unsafe mode, here
+        peak = cg.peak_bytes() if cg else None
+        peak_mb = None if peak is None else peak / mb
+        if stop == "timeout":
+            return result("timeout", f"timed out after {timeout_s:g} s", detail, peak_mb)
+        if stop == "output":
+            return result("failed", f"output exceeded {max_output_mb} MB", detail, peak_mb)
+        if verdict == key + b" passed":
+            return result("passed", "the checks ran to completion", detail, peak_mb)
+        rc = proc.returncode
         if rc == _SETUP_FAILED and _SETUP_MARKER in detail:
-            return SandboxResult(False, "error", detail, seconds)
-        sig = -rc if rc < 0 else (rc - 128 if plan.mode == "namespace" and 128 < rc < 128 + 65 else 0)
-        if sig:
-            try:
-                name = signal.Signals(sig).name
-            except ValueError:
-                name = str(sig)
-            detail = f"killed by {name}\n{detail}"
-        else:
-            detail = f"exit status {rc}\n{detail}"
-        return SandboxResult(False, "failed", detail, seconds)
+            return result("error", "sandbox setup failed: " + detail.strip().splitlines()[-1], detail)
+        if verdict.startswith(b"failed ") and key not in verdict:
+            return result("failed", verdict[7:200].decode("ascii", "replace"), detail, peak_mb)
+        if cg is not None and cg.oom_killed():
+            reason = f"the sample exceeded its memory limit of {memory_mb} MB ({exit_words(rc, namespace)})"
+            return result("failed", reason, detail, peak_mb)
+        how = exit_words(rc, namespace)
+        if verdict:
+            return result("failed", f"the result channel was tampered with ({how})", detail, peak_mb)
+        return result("failed", f"exited before the checks completed ({how})", detail, peak_mb)
     except Exception as e:  # the harness must survive whatever a sample does
-        if proc is not None:
-            _kill_group(proc, plan.mode == "namespace")
-        return SandboxResult(False, "error", f"{type(e).__name__}: {e}", time.monotonic() - t0)
+        if proc is not None and proc.poll() is None:
+            kill_group(proc, namespace)
+        return result("error", f"{type(e).__name__}: {e}")
     finally:
-        out.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if cg is not None:
+            cg.remove()
+        if workdir is not None:
+            remove_tree(workdir)
 
 
 def run_programs(
     codes: Sequence[str],
+    checks: Sequence[str] | None = None,
     timeout_s: float = 10,
     memory_mb: int = 1024,
     workers: int | None = None,
+    *,
+    unsafe: bool = False,
+    **limits: int,
 ) -> list[SandboxResult]:
-    """Run several programs with :func:`run_program`, ``workers`` at a time (default: CPUs, ≤ 8).
+    """:func:`run_program` over ``zip(codes, checks)``, ``workers`` at a time (default: CPUs, ≤ 8).
 
-    Results are in input order; one sample's crash or hang never affects the others.
+    Results are in input order; one sample's crash or hang never affects the others. Raises
+    a ConfigError before running anything when isolation is unavailable and not waived;
+    when it is waived, logs a warning on every call.
     """
+    checks = list(checks) if checks is not None else [""] * len(codes)
+    if len(checks) != len(codes):
+        raise ValueError(f"{len(codes)} programs but {len(checks)} checks")
     if not codes:
         return []
+    if _plan(unsafe).mode != "namespace":
+        log.warning(
+            "executing generated code WITHOUT the sandbox (%s; %s=1 or unsafe_exec=true): only resource "
+            "limits apply%s", _isolation()[1], UNSAFE_ENV,
+            "" if drops_privileges(unsafe) else "; the code runs as this user and can read its files and environment",
+        )  # fmt: skip
     n = workers or min(8, os.cpu_count() or 1)
-    sandbox_mode()  # probe once before the threads start
+
+    def one(i: int) -> SandboxResult:
+        return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, **limits)
+
     if n <= 1 or len(codes) == 1:
-        return [run_program(c, timeout_s, memory_mb) for c in codes]
+        return [one(i) for i in range(len(codes))]
     with ThreadPoolExecutor(max_workers=n) as ex:
-        return list(ex.map(lambda c: run_program(c, timeout_s, memory_mb), codes))
+        return list(ex.map(one, range(len(codes))))

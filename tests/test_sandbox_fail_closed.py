@@ -1,0 +1,82 @@
+"""Without full isolation, executing generated code is refused unless explicitly waived.
+
+Runs on any machine: the unavailability is simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from viasd.errors import ConfigError
+from viasd.paths import PROJECT_ROOT
+from viasd.tasks import build_task, sandbox
+from viasd.tasks.base import Example
+from viasd.tasks.sandbox import run_program, run_programs
+
+RIGHT = "def add(a, b):\n    return a + b\n"
+WRONG_EXIT = "def add(a, b):\n    return None\nimport os\nos._exit(0)\n"
+CHECKS = "def check(f):\n    assert f(2, 3) == 5\n\ncheck(add)\n"
+
+
+@pytest.fixture
+def no_isolation(monkeypatch):
+    """Simulate a machine where the namespaces cannot be created."""
+    monkeypatch.setattr(sandbox, "_isolation", lambda: (None, "simulated: no CAP_SYS_ADMIN"))
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+
+
+def test_unavailable_isolation_refuses_without_opt_in(no_isolation):
+    with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC=1") as e:
+        run_programs([RIGHT], [CHECKS])
+    assert "\n" not in str(e.value) and "simulated: no CAP_SYS_ADMIN" in str(e.value)
+    with pytest.raises(ConfigError, match="unsafe_exec"):
+        run_program(RIGHT, CHECKS)
+
+
+def test_opt_in_runs_with_a_warning_per_call(no_isolation, monkeypatch, caplog):
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="viasd.tasks.sandbox"):
+            results = run_programs([RIGHT, WRONG_EXIT], [CHECKS] * 2, workers=1)
+        assert [r.status for r in results] == ["passed", "failed"]
+        assert sum("WITHOUT the sandbox" in m for m in caplog.messages) == 1
+        caplog.clear()
+    monkeypatch.delenv(sandbox.UNSAFE_ENV)
+    assert run_programs([RIGHT], [CHECKS], unsafe=True)[0].passed  # the config value opts in too
+
+
+def test_code_task_refuses_before_generation(no_isolation):
+    task = build_task({"name": "humaneval"})
+    with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC"):
+        task.preflight()
+    ex = Example(id="t/0", prompt="", reference=CHECKS, meta={"code_prompt": ""})
+    with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC"):
+        task.score([RIGHT], [ex])
+    build_task({"name": "humaneval", "unsafe_exec": True}).preflight()  # waived: no error
+
+
+def test_root_without_cap_sys_admin_refuses_for_real(tmp_path):
+    """End to end: score_code under root minus CAP_SYS_ADMIN exits 2 with one line naming the opt-in."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or sandbox._isolation()[0] is None:
+        pytest.skip("needs root, setpriv and a working sandbox to take CAP_SYS_ADMIN away from")
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"task_id": "T/0", "prompt": "def add(a, b):\n", "canonical_solution": "",
+                                    "test": "def check(c):\n    assert c(2, 3) == 5\n", "entry_point": "add"}) + "\n")  # fmt: skip
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": "    return a + b\n"}) + "\n")
+    cmd = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-m",
+           "experiments.score_code", "--task", "humaneval", "--samples", str(samples), "--problems", str(problems)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != sandbox.UNSAFE_ENV}
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "VIASD_UNSAFE_EXEC=1" in lines[0], proc.stderr[-2000:]
+    assert not Path(str(samples) + "_results.jsonl").exists()

@@ -37,7 +37,7 @@ def _hub_rows(name: str, i: int) -> dict:
                 "answers": {"text": ["blue", "blue"], "answer_start": [13, 13]}}
     if name == "humaneval":
         return {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n", "canonical_solution": "    return x\n",
-                "test": f"def check(c):\n    assert c(1) == 1\n", "entry_point": f"f{i}"}
+                "test": "def check(c):\n    assert c(1) == 1\n", "entry_point": f"f{i}"}
     if name == "mbpp":
         return {"task_id": 11 + i, "text": f"Write f{i}.", "code": f"def f{i}(x): return x",
                 "test_list": [f"assert f{i}(1) == 1"], "test_setup_code": "", "challenge_test_list": []}

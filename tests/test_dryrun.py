@@ -94,5 +94,5 @@ def test_cli_dry_run_exit_codes(tmp_path):
     p = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 2, p.stderr[-2000:]
     err = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("error: pair 'gemma2-2b-9b' needs ~")
+    assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/viasd/xsum): pair 'gemma2-2b-9b' needs ~")
     assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout

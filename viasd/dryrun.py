@@ -316,7 +316,11 @@ def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
           + (", ".join(f"{g:.0f} GiB" for g in gpus) if gpus else "none"))
     for i, cfg in enumerate(cells, 1):
-        plan = plan_cell(cfg)
+        try:
+            plan = plan_cell(cfg)
+        except ConfigError as e:
+            where = f"{cfg.pair.name}/{OmegaConf.select(cfg, 'method.name')}/{OmegaConf.select(cfg, 'task.name')}"
+            raise ConfigError(f"cell {i}/{len(cells)} ({where}): {e}") from None
         plans.append(plan)
         _print_plan(i, len(cells), plan)
     todo = sum(not p.finished for p in plans)

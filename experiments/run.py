@@ -2,7 +2,8 @@
 
 Hydra composes ``conf/config.yaml``. With ``+exp=NAME`` the exp's grid is expanded and every
 cell runs in turn (finished runs are skipped); otherwise :func:`viasd.runner.run` runs one
-configuration. Configuration errors print one line naming the fix and exit with status 2.
+configuration. ``dry_run=true`` prints what every cell would load, read and need
+(:mod:`viasd.dryrun`) and runs nothing. Configuration errors print one line naming the fix and exit with status 2.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ def main(cfg: DictConfig) -> None:
     from viasd.experiments import run_cell, run_exp
 
     try:
-        if cfg.get("exp") is not None:
+        if cfg.get("dry_run"):
+            from viasd.dryrun import dry_run_main
+
+            dry_run_main(cfg, list(HydraConfig.get().overrides.task))
+        elif cfg.get("exp") is not None:
             failures = run_exp(list(HydraConfig.get().overrides.task))
             if failures:
                 sys.exit(1)

@@ -85,7 +85,7 @@ def test_every_task_is_registered_and_has_a_config():
             "stop_strings",
         ):
             assert key in cfg, f"conf/task/{name}.yaml lacks {key}"
-        assert cfg["name"] == name and cfg["source"] == "offline"
+        assert cfg["name"] == name and cfg["source"] in ("auto", "local")
         task = build_task(OmegaConf.load(CONF / f"{name}.yaml"))  # a DictConfig works too
         assert task.name == name and task.max_new_tokens > 0
         assert isinstance(task.stop_strings, list)

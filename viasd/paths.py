@@ -1,7 +1,8 @@
 """Where the project reads data and keeps caches.
 
 * ``VIASD_DATA_DIR`` — the offline evaluation data (default: ``../shared/data`` next to the
-  project root or the current directory, when present).
+  project root or the current directory, when present); ``python -m experiments.data fetch``
+  fills it from the hub.
 * ``VIASD_CACHE_DIR`` — converted models, trained drafts, DIMR masks (default:
   ``~/.cache/viasd``).
 * ``VIASD_RUNS_DIR`` — the local run store (default: ``./runs``).
@@ -17,27 +18,45 @@ from viasd.errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-def data_dir(required: bool = True) -> Path | None:
-    """The offline data folder; raise a ConfigError naming ``VIASD_DATA_DIR`` if absent."""
+def _data_candidates() -> list[Path]:
     env = os.environ.get("VIASD_DATA_DIR")
-    candidates = [Path(env)] if env else [PROJECT_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    if env:
+        return [Path(env).expanduser()]
+    found = [PROJECT_ROOT.parent / "shared" / "data", Path.cwd().resolve().parent / "shared" / "data"]
+    return list(dict.fromkeys(found))  # each path once
+
+
+def _fixes(task: str | None) -> str:
+    name = task or "<task>"
+    return (
+        f"fetch it with `python -m experiments.data fetch {name}` (writes into VIASD_DATA_DIR), "
+        f"point VIASD_DATA_DIR at a folder that has it, or read the hub directly with task.source=hub"
+    )
+
+
+def data_dir(required: bool = True, task: str | None = None) -> Path | None:
+    """The offline data folder; raise a ConfigError naming ``VIASD_DATA_DIR`` and both fixes if absent."""
+    candidates = _data_candidates()
     for c in candidates:
         if c.is_dir():
             return c
     if required:
         raise ConfigError(
-            f"offline data folder not found (looked in {', '.join(str(c) for c in candidates)}); "
-            "set VIASD_DATA_DIR=/path/to/shared/data"
+            f"offline data folder not found (looked in {', '.join(str(c) for c in candidates)}); {_fixes(task)}"
         )
     return None
 
 
-def data_file(relpath: str) -> Path:
-    """Path of one offline data file; a missing file is a ConfigError naming the path and the fix."""
-    base = data_dir()
-    p = base / relpath
+def default_data_dir() -> Path:
+    """Where ``experiments.data fetch`` writes: ``VIASD_DATA_DIR``, else ``../shared/data``."""
+    return _data_candidates()[0]
+
+
+def data_file(relpath: str, task: str | None = None) -> Path:
+    """Path of one offline data file; a missing file is a ConfigError naming the path once and both fixes."""
+    p = data_dir(task=task) / relpath
     if not p.is_file():
-        raise ConfigError(f"data file not found: {p}. Set VIASD_DATA_DIR to the folder holding {relpath}")
+        raise ConfigError(f"data file not found: {p}; {_fixes(task)}")
     return p
 
 

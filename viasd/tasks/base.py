@@ -4,9 +4,9 @@ This module owns:
 
 * :class:`Example` — one task input (user-message prompt, reference, metadata);
 * :class:`Task` — the base class: configuration handling (common keys plus each kind's own
-  options, unknown keys rejected), loading rows through ``datasets`` (the offline file under
-  the shared data folder, or the hub dataset for paper scale), the seeded ``n_examples``
-  subset, prompt rendering (the tokenizer's chat template when it has one, else a plain
+  options, unknown keys rejected), loading rows through ``datasets`` (``source: auto |
+  local | hub``: the offline file under the data folder, or the pinned parquet files of the
+  hub dataset), the seeded ``n_examples`` subset chosen by stable example ids, prompt rendering (the tokenizer's chat template when it has one, else a plain
   template), stop-string post-processing and scoring through a metric module;
 * :data:`TASKS` — the registry of task kinds, and :func:`build_task`, which turns a
   ``conf/task/<name>.yaml`` node into a task.
@@ -17,6 +17,7 @@ The concrete kinds live in :mod:`viasd.tasks.kinds`.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import random
 import tempfile
@@ -24,11 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 from viasd.errors import ConfigError
 from viasd.registry import Registry
 
-__all__ = ["Example", "Task", "TASKS", "build_task", "load_rows"]
+__all__ = ["Example", "Task", "TASKS", "SOURCES", "build_task", "load_rows", "resolve_source", "hub_data_files"]
 
 
 @dataclass
@@ -53,11 +55,13 @@ TASKS: Registry[type[Task]] = Registry("task")
 _COMMON: dict[str, Any] = {
     "name": None,
     "kind": None,  # task kind to build; defaults to ``name``
-    "source": "offline",  # offline | hub
+    "source": "auto",  # auto (local file if present, else hub) | local (alias: offline) | hub
     "offline_file": None,  # relative to the data dir (VIASD_DATA_DIR), or absolute
-    "hub": None,  # {path, name, split} for source: hub
+    "hub": None,  # {path, name, split, revision, files} for source: hub
+    "hub_root": None,  # a local mirror of the hub layout (<hub_root>/<path>/<files>) instead of hf://
     "n_examples": None,  # None: all rows
     "seed": 0,
+    "subset": "id",  # id: seeded subset by stable example id | position: by row position (old files)
     "max_new_tokens": 128,
     "stop_strings": [],
     "chat_stop_strings": None,  # None: same as stop_strings
@@ -89,52 +93,130 @@ def _datasets_cache_dir() -> str:
     return str(root)
 
 
+SOURCES = ("auto", "local", "hub")
+_ALIASES = {"offline": "local"}
+
+
+def hub_data_files(hub: Mapping[str, Any], hub_root: str | None = None) -> str:
+    """The parquet ``data_files`` pattern of a hub dataset spec.
+
+    ``hub`` is ``{path, name, split, revision, files}``; ``files`` is a glob inside the
+    dataset repository at ``revision`` (e.g. ``default/test/*.parquet`` on XSum's
+    ``refs/convert/parquet``). Without ``hub_root`` the pattern is an ``hf://`` URL
+    (revision URL-encoded); with it, ``<hub_root>/<path>/<files>`` on disk — a local
+    mirror of the hub layout (air-gapped machines, tests).
+    """
+    files = str(hub["files"])
+    if hub_root:
+        return str(Path(hub_root).expanduser() / str(hub["path"]) / files)
+    rev = quote(str(hub.get("revision") or "main"), safe="")
+    return f"hf://datasets/{hub['path']}@{rev}/{files}"
+
+
+def _load_hub(hub: Mapping[str, Any], task_name: str, hub_root: str | None, local: Path | None = None) -> Any:
+    import datasets
+
+    where = hub_root or "the Hugging Face hub"
+    missing = f"no offline file at {local} (VIASD_DATA_DIR) and " if local else ""
+    try:
+        if hub.get("files"):
+            return datasets.load_dataset(
+                "parquet", data_files={"rows": hub_data_files(hub, hub_root)}, split="rows",
+                cache_dir=_datasets_cache_dir(),
+            )
+        return datasets.load_dataset(
+            hub["path"], hub.get("name"), split=hub.get("split", "test"), revision=hub.get("revision")
+        )
+    except Exception as e:  # network, auth, missing files: one line, never a traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(
+            f"task {task_name!r}: {missing}could not load {hub['path']}@{hub.get('revision') or 'main'} from "
+            f"{where} ({type(e).__name__}: {first}); on a machine with network run `python -m experiments.data "
+            f"fetch {task_name}` and copy VIASD_DATA_DIR here, or use task.source=local"
+        ) from None
+
+
+def resolve_source(source: str, offline_file: str | None, hub: Mapping[str, Any] | None, task_name: str) -> str:
+    """``local`` or ``hub``: what ``source`` (``auto | local | hub``; ``offline`` = ``local``) reads.
+
+    ``auto`` reads the offline file when it exists under the data folder (or as an absolute
+    path), else the hub when the task has a hub dataset, else ``local`` (whose missing-file
+    error names both fixes).
+    """
+    source = _ALIASES.get(str(source), str(source))
+    if source not in SOURCES:
+        raise ConfigError(
+            f"task {task_name!r}: source must be auto, local (offline) or hub, got {source!r}"
+        )
+    if source != "auto":
+        return source
+    if offline_file:
+        from viasd.paths import data_dir
+
+        p = Path(offline_file)
+        base = data_dir(required=False)
+        if (p.is_absolute() and p.is_file()) or (base is not None and (base / offline_file).is_file()):
+            return "local"
+    return "hub" if hub and hub.get("path") else "local"
+
+
 def load_rows(
     source: str,
     offline_file: str | None,
     hub: Mapping[str, Any] | None,
     task_name: str,
+    hub_root: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of a task's dataset as plain dicts, through ``datasets.load_dataset``.
 
-    ``source: offline`` reads ``offline_file`` (a path relative to the data folder, see
-    :func:`viasd.paths.data_file`, or an absolute path) with the ``json`` builder, which
-    needs no network (``HF_HUB_OFFLINE=1`` is fine). ``source: hub`` calls
-    ``load_dataset(hub["path"], hub.get("name"), split=hub["split"])``.
-    A missing file raises a ConfigError naming the path and ``VIASD_DATA_DIR``.
+    ``source`` (after :func:`resolve_source`) ``local`` reads ``offline_file`` (relative to
+    the data folder, see :func:`viasd.paths.data_file`, or absolute) with the ``json``
+    builder, which needs no network. ``hub`` reads the pinned parquet files of ``hub``
+    (see :func:`hub_data_files`), or ``load_dataset(path, name, split, revision)`` when
+    the spec has no ``files``; rows are in the hub's schema (tasks map them with
+    ``normalize_hub_row``). Every failure is a one-line ConfigError naming the fix.
     """
     import datasets
 
-    if source == "offline":
-        if not offline_file:
-            raise ConfigError(f"task {task_name!r}: source is offline but offline_file is not set")
-        p = Path(offline_file)
-        if p.is_absolute():
-            if not p.is_file():
-                raise ConfigError(
-                    f"task {task_name!r}: data file not found: {p}. Fix offline_file or set "
-                    "VIASD_DATA_DIR and use a path relative to it"
-                )
-        else:
-            from viasd.paths import data_file
-
-            p = data_file(offline_file)
-        was_enabled = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()
-        try:
-            ds = datasets.load_dataset(
-                "json", data_files=str(p), split="train", cache_dir=_datasets_cache_dir()
-            )
-        finally:
-            if was_enabled:
-                datasets.enable_progress_bars()
-        return [dict(r) for r in ds]
+    requested = _ALIASES.get(str(source), str(source))
+    source = resolve_source(source, offline_file, hub, task_name)
     if source == "hub":
         if not hub or not hub.get("path"):
-            raise ConfigError(f"task {task_name!r} has no hub dataset; use source: offline")
-        ds = datasets.load_dataset(hub["path"], hub.get("name"), split=hub.get("split", "test"))
-        return [dict(r) for r in ds]
-    raise ConfigError(f"task {task_name!r}: source must be 'offline' or 'hub', got {source!r}")
+            raise ConfigError(
+                f"task {task_name!r} has no hub dataset; read its offline file instead (source: offline or local)"
+            )
+        local = None
+        if requested == "auto" and offline_file:
+            from viasd.paths import default_data_dir
+
+            local = Path(offline_file) if Path(offline_file).is_absolute() else default_data_dir() / offline_file
+        return [dict(r) for r in _load_hub(hub, task_name, hub_root, local)]
+    if not offline_file:
+        raise ConfigError(f"task {task_name!r}: source is local but offline_file is not set")
+    p = Path(offline_file)
+    if p.is_absolute():
+        if not p.is_file():
+            raise ConfigError(
+                f"task {task_name!r}: data file not found: {p}. Fix offline_file or set "
+                "VIASD_DATA_DIR and use a path relative to it"
+            )
+    else:
+        from viasd.paths import data_file
+
+        p = data_file(offline_file, task=task_name)
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_dataset("json", data_files=str(p), split="train", cache_dir=_datasets_cache_dir())
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+    return [dict(r) for r in ds]
+
+
+def subset_rank(seed: int, key: str) -> str:
+    """Sort key of one row for the seeded subset: sha256 of ``"<seed>:<key>"`` (order-free)."""
+    return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
 
 
 def _has_chat_template(tokenizer: Any) -> bool:
@@ -178,16 +260,32 @@ class Task:
 
     # -- data ---------------------------------------------------------------------------
 
+    key_field: ClassVar[str | None] = "id"
+
+    def source(self) -> str:
+        """What this task reads: ``local`` or ``hub`` (``auto`` resolved, see :func:`resolve_source`)."""
+        return resolve_source(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name)
+
     def load_rows(self) -> list[dict[str, Any]]:
         """All rows of the configured source, in the offline files' field layout."""
-        rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name)
-        if self.cfg["source"] == "hub":
+        rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name, self.cfg["hub_root"])
+        if self.source() == "hub":
             rows = [self.normalize_hub_row(r) for r in rows]
         return rows
 
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         """Map a hub row to the field layout of the offline file (identity by default)."""
         return row
+
+    def offline_row(self, index: int, row: dict[str, Any]) -> dict[str, Any]:
+        """A normalized hub row as written to the offline file by ``experiments.data fetch``."""
+        return row
+
+    def row_key(self, index: int, row: dict[str, Any]) -> str:
+        """A stable id of a row, the same in the offline file and on the hub (``key_field``)."""
+        if self.key_field and self.key_field in row:
+            return str(row[self.key_field])
+        return str(index)
 
     def filter_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows eligible for sampling (all by default; e.g. the MBPP test range)."""
@@ -198,19 +296,27 @@ class Task:
         raise NotImplementedError
 
     def examples(self) -> list[Example]:
-        """The task's examples: a seeded subset of ``n_examples`` rows (all when null).
+        """The task's examples: a seeded subset of ``n_examples`` rows (all when null), in file order.
 
-        The subset is ``random.Random(seed).sample`` of the row indices, kept in file order,
-        so it is the same on every machine and independent of the model.
+        ``subset: id`` (default) takes the ``n_examples`` rows with the smallest
+        :func:`subset_rank` of their :meth:`row_key`, so the choice depends only on the rows'
+        ids, not on their order: the offline file and the hub pick the same examples where
+        they hold the same rows. ``subset: position`` is ``random.Random(seed).sample`` of
+        row positions (the order-dependent rule of earlier versions).
         """
         if self._examples is None:
             rows = self.filter_rows(self.load_rows())
             if not rows:
                 raise ConfigError(f"task {self.name!r}: the dataset has no rows")
             idx = list(range(len(rows)))
-            n = self.cfg["n_examples"]
+            n, seed = self.cfg["n_examples"], int(self.cfg["seed"])
             if n is not None and n < len(rows):
-                idx = sorted(random.Random(int(self.cfg["seed"])).sample(idx, n))
+                if self.cfg["subset"] == "position":
+                    idx = sorted(random.Random(seed).sample(idx, n))
+                elif self.cfg["subset"] == "id":
+                    idx = sorted(sorted(idx, key=lambda i: subset_rank(seed, self.row_key(i, rows[i])))[:n])
+                else:
+                    raise ConfigError(f"task {self.name!r}: subset must be id or position, got {self.cfg['subset']!r}")
             self._examples = [self.make_example(i, rows[i]) for i in idx]
         return list(self._examples)
 

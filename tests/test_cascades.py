@@ -195,6 +195,10 @@ def test_rules_decide_on_decision_distributions_and_greedy_is_one_hot():
     assert torch.equal(RULES.get("chow")(p, q, 0.3, p1, q1), q)  # .6 < .7
     assert torch.equal(RULES.get("token_v1")(p, q, 0.3, p1, q1), p)  # A = {0, 1} holds p's token 0
     assert torch.equal(RULES.get("token_v3")(p, q, 0.3, p1, q1), q)  # A = {1}
+    # OPT: max terms on p1, q1, the TV term on p, q (as the authors' notebook): .4 >= .8 - .5·TV(p, q) = .3,
+    # whereas TV(p1, q1) = .45 would give .4 < .575 and defer.
+    assert torch.equal(RULES.get("opt")(p, q, 0.5, P[1:], Q[1:]), p)
+    assert torch.equal(RULES.get("opt")(p, p, 0.5, P[1:], Q[1:]), p)  # TV(p, q) = 0: no slack, π = q = p
     pi = target_distribution("token_v1", P, Q, 0.3, greedy=True)
     assert torch.equal(pi, torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]))
 

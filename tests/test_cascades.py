@@ -14,7 +14,8 @@ from viasd.decoding.api import decode
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixture, total_variation
 from viasd.decoding.drafters import DrafterConfig
-from viasd.decoding.methods.cascade_sd import CascadeDrafter, cascade_levels
+from viasd.decoding.drafters import NgramDrafter
+from viasd.decoding.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 from viasd.decoding.sampling import probs_from_logits
 from viasd.errors import ConfigError
 
@@ -155,6 +156,41 @@ def test_cascade_gamma_and_surplus_go_to_the_last_level():
                  {"max_new_tokens": 12, "ignore_eos": True})
     first = res.rounds[0].extra["levels"]
     assert first[0] == 0 and set(first[1:]) <= {1} and len(first) <= 4
+
+
+def test_bigram_next_by_hand():
+    assert bigram_next(torch.tensor([5, 1, 5, 2, 5, 2, 7, 5])) == 2  # successors of 5: 1, 2, 2
+    assert bigram_next(torch.tensor([3, 3, 4, 9])) == 3  # 9 never followed: the most frequent token
+    assert bigram_next(torch.tensor([6])) == 6
+
+
+def test_max_gram_always_proposes():
+    """The statistical bottom level proposes k tokens even where prompt lookup finds nothing."""
+    lookup = NgramDrafter(10, ngram_max=3, ngram_min=1)
+    mag = MaxGramDrafter(lookup)
+    gen = GenerationConfig()
+    seq = torch.tensor([[1, 2, 3, 1, 2, 4]])  # 4 never seen before: lookup proposes nothing
+    assert lookup.propose(seq, 3, gen, None)[0].numel() == 0
+    tokens, probs = mag.propose(seq, 3, gen, None)
+    assert tokens.tolist() == [1, 2, 3]  # most frequent token (1 and 2 tie: lowest id), 1→2, 2→3 (3 and 4 tie)
+    assert torch.equal(probs, torch.nn.functional.one_hot(tokens, 10).float())
+    tokens, _ = mag.propose(torch.tensor([[1, 2, 3, 1, 2]]), 3, gen, None)  # lookup finds "3 1 2", then runs out
+    assert tokens.tolist() == [3, 1, 2]
+    assert mag.fallback_tokens == 3
+
+
+def test_cascade_sd_bigram_fallback_counts_and_can_be_switched_off():
+    pair = tiny_pair("llama")
+    ids = pair.encode(PROMPTS[9])
+    gen = {"max_new_tokens": 16, "ignore_eos": True}
+    ref = decode(pair, ids, "ar", gen=gen).tokens
+    on = decode(pair, ids, "cascade_sd", {}, gen)
+    off = decode(pair, ids, "cascade_sd", {"bigram_fallback": False}, gen)
+    assert on.tokens == off.tokens == ref  # the top level stays exact
+    assert on.counters.tiers["bigram_fallback_tokens"] > 0 and "bigram_fallback_tokens" not in off.counters.tiers
+    assert on.counters.tiers["level1_drafted"] > off.counters.tiers.get("level1_drafted", 0)
+    with pytest.raises(ConfigError, match="bigram_fallback must be true or false"):
+        decode(pair, "hello", "cascade_sd", {"bigram_fallback": "yes"})
 
 
 # ------------------------------------------------------------------------------ deferral rules

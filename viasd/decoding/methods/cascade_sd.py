@@ -11,6 +11,13 @@ This module owns the cascade drafter and the method:
 * **Horizontal cascade** (:class:`CascadeDrafter`): the block is split by position — larger
   drafters propose the earlier positions (whose acceptance matters most), smaller ones the later
   positions (``levels[i].tokens`` each; the last level drafts any surplus).
+* **Statistical bottom level** (:class:`MaxGramDrafter`, CS-Drafting's "Max-Gram"): the
+  ``ngram`` member looks up the longest earlier match of the context's suffix and, where the
+  lookup finds nothing (or its match runs out), falls back to a bigram model so it always
+  proposes the tokens asked of it. CS-Drafting's bigram comes from Wikipedia; offline, ours is
+  counted on the decoding context itself (prompt + generated tokens, plus what it has just
+  proposed): the most frequent successor of the last token, else the context's most frequent
+  token. ``bigram_fallback: false`` restores plain prompt lookup (which may propose nothing).
 * The method: each round the cascade drafts a block and the target verifies it exactly as in
   ``sd``. Registered also as the ``cascade`` drafter, so ``sd``/``faster_cascades``/``viasd`` can
   draft with the default cascade (:data:`DEFAULT_LEVELS`).
@@ -38,7 +45,15 @@ import torch
 from viasd.config import to_dataclass
 from viasd.decoding.api import register_method
 from viasd.decoding.cache import ModelStats, Stream, start_sequence
-from viasd.decoding.drafters import DRAFTERS, Drafter, DrafterConfig, LengthPolicy, ModelDrafter, make_drafter
+from viasd.decoding.drafters import (
+    DRAFTERS,
+    Drafter,
+    DrafterConfig,
+    LengthPolicy,
+    ModelDrafter,
+    NgramDrafter,
+    make_drafter,
+)
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.rules import verify_block
 from viasd.decoding.sampling import confidence, probs_from_logits
@@ -115,10 +130,12 @@ class CascadeSDConfig:
     ``gamma``: block length per target verification; ``None`` = sum of the levels' ``tokens``.
     ``drafter``: options shared by every member (``ngram_max``/``ngram_min``, ``self`` layers,
     the draft-length policy); its ``name`` must stay ``cascade`` — ``levels`` names the drafters.
+    ``bigram_fallback``: the ``ngram`` member falls back to a context bigram (:class:`MaxGramDrafter`).
     """
 
     levels: list = field(default_factory=lambda: [dict(lv) for lv in DEFAULT_LEVELS])
     gamma: int | None = None
+    bigram_fallback: bool = True
     drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig(name="cascade"))
 
     def validate(self) -> None:
@@ -130,6 +147,8 @@ class CascadeSDConfig:
             raise ConfigError(f"cascade_sd drafts with its cascade: set the drafters in method.levels "
                               f"(got method.drafter.name={self.drafter.name!r}; leave it 'cascade')")
         self.levels = cascade_levels(self.levels)
+        if not isinstance(self.bigram_fallback, bool):
+            raise ConfigError(f"bigram_fallback must be true or false (got {self.bigram_fallback!r})")
         if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
             raise ConfigError(f"gamma must be an integer >= 1 or null (got {self.gamma!r}); "
                               "null drafts sum(levels[*].tokens) tokens per round")
@@ -138,6 +157,40 @@ class CascadeSDConfig:
     def block(self) -> int:
         """Tokens drafted per round (before the length policy adapts it)."""
         return int(self.gamma) if self.gamma is not None else sum(lv.tokens for lv in self.levels)
+
+
+def bigram_next(context: torch.Tensor) -> int:
+    """Most frequent successor of ``context[-1]`` in ``context`` (``LongTensor[L]``, ``L ≥ 1``);
+    the most frequent token of ``context`` when ``context[-1]`` has no successor (ties: lowest id)."""
+    successors = context[1:][context[:-1] == context[-1]]
+    pool = successors if successors.numel() else context
+    return int(torch.bincount(pool).argmax())
+
+
+class MaxGramDrafter(Drafter):
+    """Prompt lookup with a bigram fallback: always proposes ``k`` tokens (one-hot, no neural cost).
+
+    Args:
+        lookup: the :class:`~viasd.decoding.drafters.NgramDrafter` tried first.
+    """
+
+    name = "ngram"
+
+    def __init__(self, lookup: NgramDrafter):
+        self.lookup, self.vocab = lookup, lookup.vocab
+        self.fallback_tokens = 0  # tokens the bigram proposed
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        """``(LongTensor[k], one-hot [k, V])`` after ``seq`` ``[1, L]``."""
+        found, _ = self.lookup.propose(seq, k, gen, rng)
+        context = torch.cat([self.lookup.context.to(seq.device), seq[0], found])
+        tokens = found.tolist()
+        while len(tokens) < k:
+            tokens.append(bigram_next(context))
+            context = torch.cat([context, context.new_tensor(tokens[-1:])])
+        self.fallback_tokens += k - found.shape[0]
+        out = seq.new_tensor(tokens, dtype=torch.long)
+        return out, torch.nn.functional.one_hot(out, self.vocab).float()
 
 
 class VerticalDrafter(Drafter):
@@ -214,13 +267,16 @@ class CascadeDrafter(Drafter):
         self.last_levels: list[int] = []
 
     @classmethod
-    def build(cls, pair, prompt_ids: torch.Tensor, levels: list[CascadeLevel], options: DrafterConfig) -> CascadeDrafter:
-        """Instantiate each named drafter once (levels share a drafter's stream) and wire the chains."""
+    def build(cls, pair, prompt_ids: torch.Tensor, levels: list[CascadeLevel], options: DrafterConfig,
+              bigram_fallback: bool = True) -> CascadeDrafter:
+        """Instantiate each named drafter once (levels share a drafter's stream) and wire the chains;
+        with ``bigram_fallback`` the ``ngram`` member is a :class:`MaxGramDrafter`."""
         members: dict[str, Drafter] = {}
 
         def member(name: str) -> Drafter:
             if name not in members:
-                members[name] = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
+                d = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
+                members[name] = MaxGramDrafter(d) if bigram_fallback and isinstance(d, NgramDrafter) else d
             return members[name]
 
         built = []
@@ -263,8 +319,12 @@ class CascadeDrafter(Drafter):
         return torch.cat(tokens), torch.cat(probs)
 
     def counters(self) -> dict[str, int]:
-        """Vertical-cascade counters per level, e.g. ``level0_ngram_accepted_by_model``."""
+        """Vertical-cascade counters per level, e.g. ``level0_ngram_accepted_by_model``, and
+        ``bigram_fallback_tokens`` (tokens the statistical level's bigram proposed)."""
         out: dict[str, int] = {}
+        for d in self.members.values():
+            if isinstance(d, MaxGramDrafter):
+                out["bigram_fallback_tokens"] = d.fallback_tokens
         for i, (drafter, _) in enumerate(self.levels):
             if isinstance(drafter, VerticalDrafter):
                 out.update({f"level{i}_{k}": v for k, v in drafter.counters().items()})
@@ -295,7 +355,7 @@ def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult
     """
     t0 = time.perf_counter()
     target = Stream(pair.target, prompt_ids, "target")
-    drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter)
+    drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter, cfg.bigram_fallback)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.block, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
     c, rounds = Counters(), []

@@ -16,6 +16,7 @@ from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixtu
 from viasd.decoding.drafters import DrafterConfig
 from viasd.decoding.drafters import NgramDrafter
 from viasd.decoding.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
+from viasd.decoding.rules import lenient_distribution
 from viasd.decoding.sampling import probs_from_logits
 from viasd.errors import ConfigError
 
@@ -81,15 +82,17 @@ def test_cascade_sd_stops_at_eos_and_reports_vertical_counters():
     assert {"self_draft", "draft", "target"} <= set(res.models)
 
 
-def test_cascade_sd_sampling_follows_target_distribution():
+@pytest.mark.parametrize("leniency", [0.0, 0.6])
+def test_cascade_sd_sampling_follows_target_distribution(leniency):
     """Same chi-square test as ``sd``, on the first two tokens. Round 1 drafts 4 tokens: 3 by ``self``
     verifying the draft model's proposals (vertical), the 4th by the n-gram model (horizontal).
-    ``self`` keeps all target layers here, which makes a wrong ``p`` for accepted proposals show."""
+    ``self`` keeps all target layers here, which makes a wrong ``p`` for accepted proposals show.
+    A lenient vertical link reports the distribution its tokens follow, so the target stays exact."""
     pair = tiny_vocab_pair()
     ids = torch.tensor([[0, 3, 1, 3, 1]])
     gen = GenerationConfig(max_new_tokens=5, ignore_eos=True, temperature=1.0)
     exact = exact_joint(pair, ids, gen, 2)
-    cfg = {"levels": [{"name": "self", "tokens": 3, "vertical": ["model"], "vertical_tokens": [2]},
+    cfg = {"levels": [{"name": "self", "tokens": 3, "vertical": ["model"], "vertical_tokens": [2], "leniency": leniency},
                       {"name": "ngram", "tokens": 1}],
            "drafter": {"layers": [0, 1]}}
     counts: dict = {}
@@ -143,6 +146,7 @@ def test_vertical_drafter_returns_the_verifying_models_distribution():
     ({"levels": [{"name": "model", "depth": 2}]}, "unknown CascadeLevel keys"),
     ({"drafter": {"name": "self"}}, "set the drafters in method.levels"),
     ({"gamma": 0}, "gamma must be an integer >= 1 or null"),
+    ({"levels": [{"name": "model", "vertical": ["ngram"], "leniency": 1.0}]}, "leniency must be a number in"),
 ])
 def test_bad_cascade_config(cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -156,6 +160,13 @@ def test_cascade_gamma_and_surplus_go_to_the_last_level():
                  {"max_new_tokens": 12, "ignore_eos": True})
     first = res.rounds[0].extra["levels"]
     assert first[0] == 0 and set(first[1:]) <= {1} and len(first) <= 4
+
+
+def test_lenient_distribution_by_hand():
+    p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.3, 0.5])
+    assert torch.allclose(lenient_distribution(p, q, 0.0), q)
+    # l = 0.5: kept = min(p, 2q) = (.4, .5, 0); rest .1 goes to norm(max(0, q − p)) = (0, 0, 1)
+    assert torch.allclose(lenient_distribution(p, q, 0.5), torch.tensor([0.4, 0.5, 0.1]))
 
 
 def test_bigram_next_by_hand():

@@ -55,7 +55,7 @@ from viasd.decoding.drafters import (
     make_drafter,
 )
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import verify_block
+from viasd.decoding.rules import lenient_distribution, verify_block
 from viasd.decoding.sampling import confidence, probs_from_logits
 from viasd.errors import ConfigError
 
@@ -67,13 +67,19 @@ class CascadeLevel:
     ``name`` drafts ``tokens`` consecutive block positions. ``vertical`` lists smaller drafters
     below it (vertical cascade): ``vertical[0]`` proposes ``vertical_tokens[0]`` tokens per inner
     round and ``name`` verifies them; ``vertical[1]`` does the same for ``vertical[0]``; and so on.
-    Every member but the last must be a model drafter (``model`` or ``self``).
+    Every member but the last must be a model drafter (``model`` or ``self``). ``leniency``
+    (``l ∈ [0, 1)``, default 0 = exact) makes every vertical link of this level lenient: a
+    proposal is accepted with ``min(1, p_up(x) / ((1 − l)·p_low(x)))`` (Leviathan et al. 2023,
+    App. A.5), and the level reports the distribution its tokens then actually follow
+    (:func:`~viasd.decoding.rules.lenient_distribution`), so the target's verification stays
+    exact. It acts in sampling mode; greedy one-hot distributions make it a no-op.
     """
 
     name: str = "model"
     tokens: int = 3
     vertical: list[str] = field(default_factory=list)
     vertical_tokens: list[int] | int = 2
+    leniency: float = 0.0
 
 
 #: The cascade the ``cascade`` drafter uses under other methods, and ``cascade_sd``'s default:
@@ -119,7 +125,9 @@ def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
             if name in _NON_NEURAL:
                 raise ConfigError(f"{at}: {name!r} cannot verify proposals of a smaller drafter "
                                   f"(chain {chain}); only model drafters (model, self) can sit above another")
-        out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt))
+        if isinstance(lv.leniency, bool) or not isinstance(lv.leniency, (int, float)) or not 0 <= lv.leniency < 1:
+            raise ConfigError(f"{at}.leniency must be a number in [0, 1) (got {lv.leniency!r}); 0 is exact")
+        out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt, float(lv.leniency)))
     return out
 
 
@@ -201,10 +209,12 @@ class VerticalDrafter(Drafter):
         lower: a smaller drafter (any :class:`Drafter`, possibly another vertical one).
         lower_tokens: tokens ``lower`` proposes per inner round.
         upper_name, lower_name: labels used in counter names.
+        leniency: ``l ∈ [0, 1)`` of the lenient acceptance (0: exact SD).
     """
 
-    def __init__(self, upper: ModelDrafter, lower: Drafter, lower_tokens: int, upper_name: str, lower_name: str):
-        self.upper, self.lower, self.lower_tokens = upper, lower, lower_tokens
+    def __init__(self, upper: ModelDrafter, lower: Drafter, lower_tokens: int, upper_name: str, lower_name: str,
+                 leniency: float = 0.0):
+        self.upper, self.lower, self.lower_tokens, self.leniency = upper, lower, lower_tokens, leniency
         self.upper_name, self.lower_name = upper_name, lower_name
         self.vocab = upper.vocab
         self.drafted = 0  # tokens ``lower`` proposed to ``upper``
@@ -222,7 +232,7 @@ class VerticalDrafter(Drafter):
             m = y.shape[0]
             logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1)[0]  # [m+1, V]
             p_up = probs_from_logits(logits, gen)
-            n, token = verify_block(y, p_low, p_up, rng)
+            n, token = verify_block(y, p_low, p_up, rng, self.leniency)
             self.drafted += m
             self.accepted += n
             for j, t in enumerate(y[:n].tolist() + [token]):
@@ -230,7 +240,9 @@ class VerticalDrafter(Drafter):
                     stop = True  # same stop rule as ModelDrafter: top probability (temperature 1)
                     break
                 tokens.append(int(t))
-                probs.append(p_up[j])  # the distribution this token is distributed as: upper's p
+                # the distribution this token follows: upper's p (exact), or the lenient mixture
+                probs.append(p_up[j] if self.leniency == 0 or j == m else
+                             lenient_distribution(p_low[j], p_up[j], self.leniency))
                 raw.append(logits[j])
             cur = torch.cat([seq, seq.new_tensor(tokens).view(1, -1)], 1)
         if not tokens:
@@ -288,7 +300,7 @@ class CascadeDrafter(Drafter):
                 if not isinstance(upper, ModelDrafter):
                     raise ConfigError(f"method.levels[{i}]: {upper_name!r} cannot verify proposals of {lower_name!r}; "
                                       "only model drafters (model, self) can sit above another in a vertical cascade")
-                d = VerticalDrafter(upper, d, k_low, upper_name, lower_name)
+                d = VerticalDrafter(upper, d, k_low, upper_name, lower_name, lv.leniency)
             built.append((d, lv.tokens))
         return cls(built, members, int(pair.target.get_output_embeddings().weight.shape[0]))
 

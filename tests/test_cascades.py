@@ -13,8 +13,7 @@ from viasd.config import GenerationConfig
 from viasd.decoding.api import decode
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixture, total_variation
-from viasd.decoding.drafters import DrafterConfig
-from viasd.decoding.drafters import NgramDrafter
+from viasd.decoding.drafters import DrafterConfig, NgramDrafter
 from viasd.decoding.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 from viasd.decoding.rules import lenient_distribution
 from viasd.decoding.sampling import probs_from_logits

@@ -48,7 +48,15 @@ from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
 from viasd.decoding.rules import verify_block
 from viasd.decoding.sampling import probs_from_logits
-from viasd.decoding.tiers import ESCALATE, REWRITE, BONUS, Route, escalate_at_once, gate_distribution, route_round
+from viasd.decoding.tiers import (
+    BONUS,
+    ESCALATE,
+    REWRITE,
+    Route,
+    escalate_at_once,
+    gate_distribution,
+    route_round,
+)
 from viasd.errors import ConfigError
 
 
@@ -184,7 +192,8 @@ def viasd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         kept = count_round(c, route, y.tolist(), tokens, n)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
-        rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra={"tier": route.steps[-1].tier, "action": route.action}))
+        extra = {"tier": route.steps[-1].tier, "action": route.action}
+        rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
     models = {**drafter.stats(), "slim": slim.stats, "target": full.stats}
     return DecodeResult("viasd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
                         out.stop_reason)

@@ -13,8 +13,9 @@ from viasd.config import GenerationConfig
 from viasd.decoding.api import decode
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixture, total_variation
-from viasd.decoding.drafters import DrafterConfig
-from viasd.decoding.methods.cascade_sd import CascadeDrafter, cascade_levels
+from viasd.decoding.drafters import DrafterConfig, NgramDrafter
+from viasd.decoding.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
+from viasd.decoding.rules import lenient_distribution
 from viasd.decoding.sampling import probs_from_logits
 from viasd.errors import ConfigError
 
@@ -80,15 +81,17 @@ def test_cascade_sd_stops_at_eos_and_reports_vertical_counters():
     assert {"self_draft", "draft", "target"} <= set(res.models)
 
 
-def test_cascade_sd_sampling_follows_target_distribution():
+@pytest.mark.parametrize("leniency", [0.0, 0.6])
+def test_cascade_sd_sampling_follows_target_distribution(leniency):
     """Same chi-square test as ``sd``, on the first two tokens. Round 1 drafts 4 tokens: 3 by ``self``
     verifying the draft model's proposals (vertical), the 4th by the n-gram model (horizontal).
-    ``self`` keeps all target layers here, which makes a wrong ``p`` for accepted proposals show."""
+    ``self`` keeps all target layers here, which makes a wrong ``p`` for accepted proposals show.
+    A lenient vertical link reports the distribution its tokens follow, so the target stays exact."""
     pair = tiny_vocab_pair()
     ids = torch.tensor([[0, 3, 1, 3, 1]])
     gen = GenerationConfig(max_new_tokens=5, ignore_eos=True, temperature=1.0)
     exact = exact_joint(pair, ids, gen, 2)
-    cfg = {"levels": [{"name": "self", "tokens": 3, "vertical": ["model"], "vertical_tokens": [2]},
+    cfg = {"levels": [{"name": "self", "tokens": 3, "vertical": ["model"], "vertical_tokens": [2], "leniency": leniency},
                       {"name": "ngram", "tokens": 1}],
            "drafter": {"layers": [0, 1]}}
     counts: dict = {}
@@ -142,6 +145,7 @@ def test_vertical_drafter_returns_the_verifying_models_distribution():
     ({"levels": [{"name": "model", "depth": 2}]}, "unknown CascadeLevel keys"),
     ({"drafter": {"name": "self"}}, "set the drafters in method.levels"),
     ({"gamma": 0}, "gamma must be an integer >= 1 or null"),
+    ({"levels": [{"name": "model", "vertical": ["ngram"], "leniency": 1.0}]}, "leniency must be a number in"),
 ])
 def test_bad_cascade_config(cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -155,6 +159,48 @@ def test_cascade_gamma_and_surplus_go_to_the_last_level():
                  {"max_new_tokens": 12, "ignore_eos": True})
     first = res.rounds[0].extra["levels"]
     assert first[0] == 0 and set(first[1:]) <= {1} and len(first) <= 4
+
+
+def test_lenient_distribution_by_hand():
+    p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.3, 0.5])
+    assert torch.allclose(lenient_distribution(p, q, 0.0), q)
+    # l = 0.5: kept = min(p, 2q) = (.4, .5, 0); rest .1 goes to norm(max(0, q − p)) = (0, 0, 1)
+    assert torch.allclose(lenient_distribution(p, q, 0.5), torch.tensor([0.4, 0.5, 0.1]))
+
+
+def test_bigram_next_by_hand():
+    assert bigram_next(torch.tensor([5, 1, 5, 2, 5, 2, 7, 5])) == 2  # successors of 5: 1, 2, 2
+    assert bigram_next(torch.tensor([3, 3, 4, 9])) == 3  # 9 never followed: the most frequent token
+    assert bigram_next(torch.tensor([6])) == 6
+
+
+def test_max_gram_always_proposes():
+    """The statistical bottom level proposes k tokens even where prompt lookup finds nothing."""
+    lookup = NgramDrafter(10, ngram_max=3, ngram_min=1)
+    mag = MaxGramDrafter(lookup)
+    gen = GenerationConfig()
+    seq = torch.tensor([[1, 2, 3, 1, 2, 4]])  # 4 never seen before: lookup proposes nothing
+    assert lookup.propose(seq, 3, gen, None)[0].numel() == 0
+    tokens, probs = mag.propose(seq, 3, gen, None)
+    assert tokens.tolist() == [1, 2, 3]  # most frequent token (1 and 2 tie: lowest id), 1→2, 2→3 (3 and 4 tie)
+    assert torch.equal(probs, torch.nn.functional.one_hot(tokens, 10).float())
+    tokens, _ = mag.propose(torch.tensor([[1, 2, 3, 1, 2]]), 3, gen, None)  # lookup finds "3 1 2", then runs out
+    assert tokens.tolist() == [3, 1, 2]
+    assert mag.fallback_tokens == 3
+
+
+def test_cascade_sd_bigram_fallback_counts_and_can_be_switched_off():
+    pair = tiny_pair("llama")
+    ids = pair.encode(PROMPTS[9])
+    gen = {"max_new_tokens": 16, "ignore_eos": True}
+    ref = decode(pair, ids, "ar", gen=gen).tokens
+    on = decode(pair, ids, "cascade_sd", {}, gen)
+    off = decode(pair, ids, "cascade_sd", {"bigram_fallback": False}, gen)
+    assert on.tokens == off.tokens == ref  # the top level stays exact
+    assert on.counters.tiers["bigram_fallback_tokens"] > 0 and "bigram_fallback_tokens" not in off.counters.tiers
+    assert on.counters.tiers["level1_drafted"] > off.counters.tiers.get("level1_drafted", 0)
+    with pytest.raises(ConfigError, match="bigram_fallback must be true or false"):
+        decode(pair, "hello", "cascade_sd", {"bigram_fallback": "yes"})
 
 
 # ------------------------------------------------------------------------------ deferral rules
@@ -195,6 +241,10 @@ def test_rules_decide_on_decision_distributions_and_greedy_is_one_hot():
     assert torch.equal(RULES.get("chow")(p, q, 0.3, p1, q1), q)  # .6 < .7
     assert torch.equal(RULES.get("token_v1")(p, q, 0.3, p1, q1), p)  # A = {0, 1} holds p's token 0
     assert torch.equal(RULES.get("token_v3")(p, q, 0.3, p1, q1), q)  # A = {1}
+    # OPT: max terms on p1, q1, the TV term on p, q (as the authors' notebook): .4 >= .8 - .5·TV(p, q) = .3,
+    # whereas TV(p1, q1) = .45 would give .4 < .575 and defer.
+    assert torch.equal(RULES.get("opt")(p, q, 0.5, P[1:], Q[1:]), p)
+    assert torch.equal(RULES.get("opt")(p, p, 0.5, P[1:], Q[1:]), p)  # TV(p, q) = 0: no slack, π = q = p
     pi = target_distribution("token_v1", P, Q, 0.3, greedy=True)
     assert torch.equal(pi, torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]))
 

@@ -49,6 +49,7 @@ def exact_joint(pair, ids, gen: GenerationConfig, n: int) -> dict[tuple[int, ...
 
 
 HYBRID = {"gamma": 2, "drafter": {"name": "hybrid", "lookup_min": 1}}
+VIASD_OFF = {"gamma": 2, "tau_accept": 1.1, "tau_slim": 1.1, "tau_escalate": 0.5, "slim": {"mask": "every_other"}}
 
 
 @pytest.mark.parametrize("method,cfg,gen_kwargs,subset", [
@@ -57,7 +58,8 @@ HYBRID = {"gamma": 2, "drafter": {"name": "hybrid", "lookup_min": 1}}
     ("ar", None, {"temperature": 1.0}, None),
     ("sd", {"gamma": 2}, {"temperature": 1.0}, [1, 3, 4]),  # the draft cannot propose tokens 0, 2, 5
     ("sd", HYBRID, {"temperature": 1.0}, None),  # lookup blocks (one-hot) mixed with model blocks
-], ids=["sd", "sd-topk-topp", "ar", "sd-subset-head", "sd-hybrid"])
+    ("viasd", VIASD_OFF, {"temperature": 1.0}, None),  # tiers off (thresholds > 1): exactly sd
+], ids=["sd", "sd-topk-topp", "ar", "sd-subset-head", "sd-hybrid", "viasd-tiers-off"])
 def test_sampled_tokens_follow_target_distribution(method, cfg, gen_kwargs, subset):
     pair = tiny_vocab_pair(subset)
     ids = torch.tensor([[0, 3, 1]])

@@ -5,14 +5,15 @@ verifies drafts against (accept ``x ~ p`` with ``min(1, π(x)/p(x))``, on reject
 ``norm(max(0, π − p))`` — :func:`~viasd.decoding.rules.sd_accept_prob` /
 :func:`~viasd.decoding.rules.sd_residual`). Nothing here touches a model or a cache.
 
-Notation (DESIGN §2): ``p`` = drafter (small model), ``q`` = verifier (large model), ``α`` =
+Notation: ``p`` = drafter (small model), ``q`` = verifier (large model), ``α`` =
 lenience. Every rule takes two pairs of distributions, all ``[..., V]``:
 
 * ``p``, ``q`` — the distributions tokens are sampled from (after temperature / top-k / top-p;
   one-hot in greedy mode). ``π`` is built from these, so it is a proper mixture of them.
-* ``p1``, ``q1`` — the distributions the *decision* is taken on (confidences, TV distance,
-  accepted sets). Methods pass the temperature-1 softmax of the raw logits, as the authors'
-  public notebook does (its ``probs_*_unscaled``); they default to ``p``, ``q``.
+* ``p1``, ``q1`` — the distributions the *decision* is taken on (confidences, accepted sets).
+  Methods pass the temperature-1 softmax of the raw logits, as the authors' public notebook
+  does (its ``probs_*_unscaled``); they default to ``p``, ``q``. The one exception, also as in
+  the notebook: OPT's TV term reads ``p``, ``q`` (see :func:`opt`).
 
 Equation numbers follow the paper (as cited in the authors' public notebook,
 google-research/speculative_cascades). Limits used by the tests: a very negative lenience
@@ -48,7 +49,7 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def token_mixture(p: torch.Tensor, q: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
     """Token-specific target ``π(v) = p(v)·1[v∈A] + (1 − Σ_{u∈A} p(u))·q(v)`` (Narasimhan et al. 2025,
-    token-specific deferral, the mixture of Eqs. 13–15; DESIGN §2).
+    token-specific deferral, the mixture of Eqs. 13–15).
 
     The remaining mass is computed as ``Σ_{u∉A} p(u) / Σ_u p(u)`` (equal for a normalized
     ``p``) so that ``A = ∅`` gives exactly ``q`` and ``A ⊇ supp(p)`` gives exactly ``p``.
@@ -85,14 +86,21 @@ def diff(p: torch.Tensor, q: torch.Tensor, alpha: float, p1: torch.Tensor | None
 @RULES.register("opt")
 def opt(p: torch.Tensor, q: torch.Tensor, alpha: float, p1: torch.Tensor | None = None,
         q1: torch.Tensor | None = None) -> torch.Tensor:
-    """OPT (plug-in optimal) rule: ``π = p`` if ``max p1 ≥ max q1 − α·TV(p1, q1)`` else ``q``
+    """OPT (plug-in optimal) rule: ``π = p`` if ``max p1 ≥ max q1 − α·TV(p, q)`` else ``q``
     (Narasimhan et al. 2025, Eq. 10).
 
+    The max-probability terms read the decision distributions ``p1``, ``q1``; the TV term reads
+    the sampling distributions ``p``, ``q`` — as the authors' notebook does (its
+    ``target_distribution_opt`` takes ``max`` of ``probs_*_unscaled`` and the TV of the
+    temperature-scaled ``probs_small``/``probs_large``). In greedy mode ``p``, ``q`` are
+    one-hot, so ``TV ∈ {0, 1}``: where the argmaxes agree ``π = p = q`` whatever the rule
+    decides, and where they differ the slack is the full ``α``. Beyond the notebook, our
+    sampling distributions also carry top-k / top-p.
     ``α·TV`` is taken as 0 where ``TV = 0`` (so infinite lenience is well defined).
     ``[..., V]`` inputs → ``π``: ``[..., V]``.
     """
     p1, q1 = _decision(p, q, p1, q1)
-    tv = total_variation(p1, q1)
+    tv = total_variation(p, q)
     slack = torch.where(tv > 0, alpha * tv, torch.zeros_like(tv))
     return _pick(p1.max(-1).values >= q1.max(-1).values - slack, p, q)
 

@@ -1,8 +1,14 @@
 """The one result type every method returns, and the committed-output bookkeeping.
 
 :class:`DecodeResult` carries tokens, per-round records, counters, per-model statistics and
-timings; derived metrics (rejection rate, mean accepted length, tokens per target call) are
-computed here once, the same way for every method. :class:`Output` holds the committed
+timings; derived metrics (rejection rate, mean accepted length, full-model calls per token)
+are computed here once, the same way for every method.
+
+**Rejection rate**, for every method: the share of drafted tokens *not emitted as drafted*,
+whichever verifier decided (the target in ``sd``/``cascade_sd``, the deferral target ``π`` in
+``faster_cascades``, the slim or the full model in ``viasd``). ``Counters.accepted`` counts the
+drafted tokens emitted as drafted (:func:`emitted_as_drafted`), ``rejected`` the rest. Next to
+it every table shows ``target_calls_per_token``: full-model forward calls per emitted token. :class:`Output` holds the committed
 sequence and applies the stop rules (``max_new_tokens``, EOS, stop strings) for all methods.
 """
 
@@ -22,7 +28,8 @@ from viasd.decoding.cache import ModelStats
 class Counters:
     """Token counters of one decode.
 
-    ``drafted``/``accepted``/``rejected`` count draft tokens; ``bonus`` counts tokens emitted
+    ``drafted``/``accepted``/``rejected`` count draft tokens (``accepted``: emitted as drafted,
+    whichever verifier decided; ``rejected = drafted − accepted``); ``bonus`` counts tokens emitted
     after a fully accepted block; ``corrected`` counts verifier tokens emitted after a rejection.
     ``tiers`` holds method-specific counters (e.g. VIA-SD's per-tier counts).
     """
@@ -49,6 +56,17 @@ class Counters:
         if emitted > accepted:
             self.bonus += accepted == drafted
             self.corrected += accepted < drafted
+
+
+def emitted_as_drafted(draft: list[int], emitted: list[int]) -> int:
+    """Drafted tokens emitted as drafted in one round: the common prefix of the drafted block
+    ``y_1..y_k`` and the tokens the round decided to emit (before stop rules)."""
+    n = 0
+    for d, e in zip(draft, emitted):
+        if d != e:
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -81,7 +99,8 @@ class DecodeResult:
 
     @property
     def rejection_rate(self) -> float:
-        """``1 − accepted / drafted`` (NaN when nothing was drafted)."""
+        """Share of drafted tokens not emitted as drafted, ``1 − accepted / drafted`` (NaN when
+        nothing was drafted); the same definition for every method (see the module docstring)."""
         c = self.counters
         return 1.0 - c.accepted / c.drafted if c.drafted else math.nan
 
@@ -97,6 +116,12 @@ class DecodeResult:
         return self.new_tokens / t.calls if t and t.calls else math.nan
 
     @property
+    def target_calls_per_token(self) -> float:
+        """Forward calls of the full target model per emitted token (``ar``: 1; 0 when no call)."""
+        t = self.models.get("target")
+        return (t.calls if t else 0) / self.new_tokens if self.new_tokens else math.nan
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else math.nan
 
@@ -110,6 +135,7 @@ class DecodeResult:
             "rejection_rate": self.rejection_rate,
             "mean_accepted": self.mean_accepted,
             "tokens_per_target_call": self.tokens_per_target_call,
+            "target_calls_per_token": self.target_calls_per_token,
             "stop_reason": self.stop_reason,
         }
         c = asdict(self.counters)

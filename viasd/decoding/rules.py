@@ -51,8 +51,21 @@ def ideal_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens(alpha, gamma) / (gamma * c + 1)
 
 
+def lenient_distribution(p: torch.Tensor, q: torch.Tensor, leniency: float) -> torch.Tensor:
+    """Distribution of the token lenient speculative sampling emits at one position.
+
+    Accepting ``x ~ p`` with ``min(1, q(x) / ((1 − l)·p(x)))`` (Leviathan et al. 2023, App. A.5)
+    and otherwise sampling ``norm(max(0, q − p))`` emits ``x`` with probability
+    ``min(p(x), q(x)/(1 − l)) + (1 − Σ_v min(p(v), q(v)/(1 − l)))·norm(max(0, q − p))(x)``;
+    ``l = 0`` gives ``q`` (exact SD). ``p``, ``q``: ``[..., V]`` → ``[..., V]``.
+    """
+    kept = torch.minimum(p, q / (1.0 - leniency))
+    rest = (1.0 - kept.sum(-1, keepdim=True)).clamp_min(0.0)
+    return kept + rest * sd_residual(p, q)
+
+
 def verify_block(
-    draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, rng: torch.Generator | None
+    draft: torch.Tensor, p: torch.Tensor, q: torch.Tensor, rng: torch.Generator | None, leniency: float = 0.0
 ) -> tuple[int, int]:
     """Standard speculative verification of one drafted block.
 
@@ -61,6 +74,8 @@ def verify_block(
         p: ``[k, V]`` draft distributions the tokens were sampled from.
         q: ``[k + 1, V]`` verifier distributions at the same positions plus one.
         rng: generator for the uniform draws and residual/bonus sampling.
+        leniency: ``l ∈ [0, 1)``; accept with ``min(1, q(x) / ((1 − l)·p(x)))`` (Leviathan et al.
+            2023, App. A.5; 0: exact). The emitted tokens then follow :func:`lenient_distribution`.
 
     Returns:
         ``(n, token)``: the first ``n`` drafts are accepted and ``token`` follows them — a
@@ -69,7 +84,7 @@ def verify_block(
     k = draft.shape[0]
     if k:
         idx = torch.arange(k, device=draft.device)
-        ratio = sd_accept_prob(p[idx, draft], q[idx, draft])
+        ratio = sd_accept_prob(p[idx, draft] * (1.0 - leniency), q[idx, draft])
         u = torch.rand(k, generator=rng, device=ratio.device)
         rejected = (u >= ratio).nonzero()
         if rejected.numel():

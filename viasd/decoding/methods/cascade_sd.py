@@ -11,6 +11,13 @@ This module owns the cascade drafter and the method:
 * **Horizontal cascade** (:class:`CascadeDrafter`): the block is split by position — larger
   drafters propose the earlier positions (whose acceptance matters most), smaller ones the later
   positions (``levels[i].tokens`` each; the last level drafts any surplus).
+* **Statistical bottom level** (:class:`MaxGramDrafter`, CS-Drafting's "Max-Gram"): the
+  ``ngram`` member looks up the longest earlier match of the context's suffix and, where the
+  lookup finds nothing (or its match runs out), falls back to a bigram model so it always
+  proposes the tokens asked of it. CS-Drafting's bigram comes from Wikipedia; offline, ours is
+  counted on the decoding context itself (prompt + generated tokens, plus what it has just
+  proposed): the most frequent successor of the last token, else the context's most frequent
+  token. ``bigram_fallback: false`` restores plain prompt lookup (which may propose nothing).
 * The method: each round the cascade drafts a block and the target verifies it exactly as in
   ``sd``. Registered also as the ``cascade`` drafter, so ``sd``/``faster_cascades``/``viasd`` can
   draft with the default cascade (:data:`DEFAULT_LEVELS`).
@@ -38,9 +45,17 @@ import torch
 from viasd.config import to_dataclass
 from viasd.decoding.api import register_method
 from viasd.decoding.cache import ModelStats, Stream, start_sequence
-from viasd.decoding.drafters import DRAFTERS, Drafter, DrafterConfig, LengthPolicy, ModelDrafter, make_drafter
+from viasd.decoding.drafters import (
+    DRAFTERS,
+    Drafter,
+    DrafterConfig,
+    LengthPolicy,
+    ModelDrafter,
+    NgramDrafter,
+    make_drafter,
+)
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import verify_block
+from viasd.decoding.rules import lenient_distribution, verify_block
 from viasd.decoding.sampling import confidence, probs_from_logits
 from viasd.errors import ConfigError
 
@@ -52,13 +67,19 @@ class CascadeLevel:
     ``name`` drafts ``tokens`` consecutive block positions. ``vertical`` lists smaller drafters
     below it (vertical cascade): ``vertical[0]`` proposes ``vertical_tokens[0]`` tokens per inner
     round and ``name`` verifies them; ``vertical[1]`` does the same for ``vertical[0]``; and so on.
-    Every member but the last must be a model drafter (``model`` or ``self``).
+    Every member but the last must be a model drafter (``model`` or ``self``). ``leniency``
+    (``l ∈ [0, 1)``, default 0 = exact) makes every vertical link of this level lenient: a
+    proposal is accepted with ``min(1, p_up(x) / ((1 − l)·p_low(x)))`` (Leviathan et al. 2023,
+    App. A.5), and the level reports the distribution its tokens then actually follow
+    (:func:`~viasd.decoding.rules.lenient_distribution`), so the target's verification stays
+    exact. It acts in sampling mode; greedy one-hot distributions make it a no-op.
     """
 
     name: str = "model"
     tokens: int = 3
     vertical: list[str] = field(default_factory=list)
     vertical_tokens: list[int] | int = 2
+    leniency: float = 0.0
 
 
 #: The cascade the ``cascade`` drafter uses under other methods, and ``cascade_sd``'s default:
@@ -104,7 +125,9 @@ def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
             if name in _NON_NEURAL:
                 raise ConfigError(f"{at}: {name!r} cannot verify proposals of a smaller drafter "
                                   f"(chain {chain}); only model drafters (model, self) can sit above another")
-        out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt))
+        if isinstance(lv.leniency, bool) or not isinstance(lv.leniency, (int, float)) or not 0 <= lv.leniency < 1:
+            raise ConfigError(f"{at}.leniency must be a number in [0, 1) (got {lv.leniency!r}); 0 is exact")
+        out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt, float(lv.leniency)))
     return out
 
 
@@ -115,10 +138,12 @@ class CascadeSDConfig:
     ``gamma``: block length per target verification; ``None`` = sum of the levels' ``tokens``.
     ``drafter``: options shared by every member (``ngram_max``/``ngram_min``, ``self`` layers,
     the draft-length policy); its ``name`` must stay ``cascade`` — ``levels`` names the drafters.
+    ``bigram_fallback``: the ``ngram`` member falls back to a context bigram (:class:`MaxGramDrafter`).
     """
 
     levels: list = field(default_factory=lambda: [dict(lv) for lv in DEFAULT_LEVELS])
     gamma: int | None = None
+    bigram_fallback: bool = True
     drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig(name="cascade"))
 
     def validate(self) -> None:
@@ -130,6 +155,8 @@ class CascadeSDConfig:
             raise ConfigError(f"cascade_sd drafts with its cascade: set the drafters in method.levels "
                               f"(got method.drafter.name={self.drafter.name!r}; leave it 'cascade')")
         self.levels = cascade_levels(self.levels)
+        if not isinstance(self.bigram_fallback, bool):
+            raise ConfigError(f"bigram_fallback must be true or false (got {self.bigram_fallback!r})")
         if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
             raise ConfigError(f"gamma must be an integer >= 1 or null (got {self.gamma!r}); "
                               "null drafts sum(levels[*].tokens) tokens per round")
@@ -140,6 +167,40 @@ class CascadeSDConfig:
         return int(self.gamma) if self.gamma is not None else sum(lv.tokens for lv in self.levels)
 
 
+def bigram_next(context: torch.Tensor) -> int:
+    """Most frequent successor of ``context[-1]`` in ``context`` (``LongTensor[L]``, ``L ≥ 1``);
+    the most frequent token of ``context`` when ``context[-1]`` has no successor (ties: lowest id)."""
+    successors = context[1:][context[:-1] == context[-1]]
+    pool = successors if successors.numel() else context
+    return int(torch.bincount(pool).argmax())
+
+
+class MaxGramDrafter(Drafter):
+    """Prompt lookup with a bigram fallback: always proposes ``k`` tokens (one-hot, no neural cost).
+
+    Args:
+        lookup: the :class:`~viasd.decoding.drafters.NgramDrafter` tried first.
+    """
+
+    name = "ngram"
+
+    def __init__(self, lookup: NgramDrafter):
+        self.lookup, self.vocab = lookup, lookup.vocab
+        self.fallback_tokens = 0  # tokens the bigram proposed
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        """``(LongTensor[k], one-hot [k, V])`` after ``seq`` ``[1, L]``."""
+        found, _ = self.lookup.propose(seq, k, gen, rng)
+        context = torch.cat([self.lookup.context.to(seq.device), seq[0], found])
+        tokens = found.tolist()
+        while len(tokens) < k:
+            tokens.append(bigram_next(context))
+            context = torch.cat([context, context.new_tensor(tokens[-1:])])
+        self.fallback_tokens += k - found.shape[0]
+        out = seq.new_tensor(tokens, dtype=torch.long)
+        return out, torch.nn.functional.one_hot(out, self.vocab).float()
+
+
 class VerticalDrafter(Drafter):
     """Vertical cascade: ``upper`` (a model drafter) verifies ``lower``'s proposals with SD rules.
 
@@ -148,10 +209,12 @@ class VerticalDrafter(Drafter):
         lower: a smaller drafter (any :class:`Drafter`, possibly another vertical one).
         lower_tokens: tokens ``lower`` proposes per inner round.
         upper_name, lower_name: labels used in counter names.
+        leniency: ``l ∈ [0, 1)`` of the lenient acceptance (0: exact SD).
     """
 
-    def __init__(self, upper: ModelDrafter, lower: Drafter, lower_tokens: int, upper_name: str, lower_name: str):
-        self.upper, self.lower, self.lower_tokens = upper, lower, lower_tokens
+    def __init__(self, upper: ModelDrafter, lower: Drafter, lower_tokens: int, upper_name: str, lower_name: str,
+                 leniency: float = 0.0):
+        self.upper, self.lower, self.lower_tokens, self.leniency = upper, lower, lower_tokens, leniency
         self.upper_name, self.lower_name = upper_name, lower_name
         self.vocab = upper.vocab
         self.drafted = 0  # tokens ``lower`` proposed to ``upper``
@@ -169,7 +232,7 @@ class VerticalDrafter(Drafter):
             m = y.shape[0]
             logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1)[0]  # [m+1, V]
             p_up = probs_from_logits(logits, gen)
-            n, token = verify_block(y, p_low, p_up, rng)
+            n, token = verify_block(y, p_low, p_up, rng, self.leniency)
             self.drafted += m
             self.accepted += n
             for j, t in enumerate(y[:n].tolist() + [token]):
@@ -177,7 +240,9 @@ class VerticalDrafter(Drafter):
                     stop = True  # same stop rule as ModelDrafter: top probability (temperature 1)
                     break
                 tokens.append(int(t))
-                probs.append(p_up[j])  # the distribution this token is distributed as: upper's p
+                # the distribution this token follows: upper's p (exact), or the lenient mixture
+                probs.append(p_up[j] if self.leniency == 0 or j == m else
+                             lenient_distribution(p_low[j], p_up[j], self.leniency))
                 raw.append(logits[j])
             cur = torch.cat([seq, seq.new_tensor(tokens).view(1, -1)], 1)
         if not tokens:
@@ -214,13 +279,16 @@ class CascadeDrafter(Drafter):
         self.last_levels: list[int] = []
 
     @classmethod
-    def build(cls, pair, prompt_ids: torch.Tensor, levels: list[CascadeLevel], options: DrafterConfig) -> CascadeDrafter:
-        """Instantiate each named drafter once (levels share a drafter's stream) and wire the chains."""
+    def build(cls, pair, prompt_ids: torch.Tensor, levels: list[CascadeLevel], options: DrafterConfig,
+              bigram_fallback: bool = True) -> CascadeDrafter:
+        """Instantiate each named drafter once (levels share a drafter's stream) and wire the chains;
+        with ``bigram_fallback`` the ``ngram`` member is a :class:`MaxGramDrafter`."""
         members: dict[str, Drafter] = {}
 
         def member(name: str) -> Drafter:
             if name not in members:
-                members[name] = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
+                d = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
+                members[name] = MaxGramDrafter(d) if bigram_fallback and isinstance(d, NgramDrafter) else d
             return members[name]
 
         built = []
@@ -232,7 +300,7 @@ class CascadeDrafter(Drafter):
                 if not isinstance(upper, ModelDrafter):
                     raise ConfigError(f"method.levels[{i}]: {upper_name!r} cannot verify proposals of {lower_name!r}; "
                                       "only model drafters (model, self) can sit above another in a vertical cascade")
-                d = VerticalDrafter(upper, d, k_low, upper_name, lower_name)
+                d = VerticalDrafter(upper, d, k_low, upper_name, lower_name, lv.leniency)
             built.append((d, lv.tokens))
         return cls(built, members, int(pair.target.get_output_embeddings().weight.shape[0]))
 
@@ -263,8 +331,12 @@ class CascadeDrafter(Drafter):
         return torch.cat(tokens), torch.cat(probs)
 
     def counters(self) -> dict[str, int]:
-        """Vertical-cascade counters per level, e.g. ``level0_ngram_accepted_by_model``."""
+        """Vertical-cascade counters per level, e.g. ``level0_ngram_accepted_by_model``, and
+        ``bigram_fallback_tokens`` (tokens the statistical level's bigram proposed)."""
         out: dict[str, int] = {}
+        for d in self.members.values():
+            if isinstance(d, MaxGramDrafter):
+                out["bigram_fallback_tokens"] = d.fallback_tokens
         for i, (drafter, _) in enumerate(self.levels):
             if isinstance(drafter, VerticalDrafter):
                 out.update({f"level{i}_{k}": v for k, v in drafter.counters().items()})
@@ -295,7 +367,7 @@ def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult
     """
     t0 = time.perf_counter()
     target = Stream(pair.target, prompt_ids, "target")
-    drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter)
+    drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter, cfg.bigram_fallback)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.block, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
     c, rounds = Counters(), []

@@ -15,11 +15,11 @@ One round:
 
 The public notebook drafts one token at a time; here blocks of ``γ ≥ 1`` are drafted.
 
-**Decisions vs. mixtures.** The rule's *decision* (confidences, TV distance, accepted sets) is
-taken on the temperature-1 softmax of the raw logits — the drafter's ``last_logits`` (a drafter
+**Decisions vs. mixtures.** The rule's *decision* (confidences, accepted sets) is taken on the temperature-1 softmax of the raw logits — the drafter's ``last_logits`` (a drafter
 without logits, e.g. ``ngram``, counts as its one-hot proposal, i.e. fully confident) and the
 target's — in greedy and sampling mode alike, as the authors' notebook does; ``π`` mixes the
-processed distributions the tokens are sampled from (temperature / top-k / top-p). Greedy mode:
+processed distributions the tokens are sampled from (temperature / top-k / top-p), and OPT's TV
+term is taken on those too, as in the notebook (:func:`~viasd.decoding.cascade_rules.opt`). Greedy mode:
 ``p`` and ``q`` are one-hot and ``π`` is taken one-hot on ``argmax π``, so a draft token is kept
 iff the rule keeps it, and is otherwise replaced by the target's argmax.
 
@@ -44,6 +44,7 @@ from viasd.decoding.drafters import Drafter, DrafterConfig, LengthPolicy, make_d
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.rules import sd_accept_prob, sd_residual
 from viasd.decoding.sampling import probs_from_logits, sample
+from viasd.decoding.tiers import gate_distribution
 from viasd.errors import ConfigError
 
 
@@ -73,10 +74,7 @@ class FasterCascadesConfig:
 
 def decision_probs(drafter: Drafter, p: torch.Tensor) -> torch.Tensor:
     """Temperature-1 distribution behind the drafter's last proposal, ``[k, V]`` (``p`` if it has no logits)."""
-    logits = drafter.last_logits
-    if logits is None or logits.shape[0] != p.shape[0]:
-        return p
-    return logits.float().softmax(-1)
+    return gate_distribution(drafter.last_logits, 1.0, fallback=p)
 
 
 def first_rejection(draft: torch.Tensor, p: torch.Tensor, pi: torch.Tensor, rng: torch.Generator | None) -> int:
@@ -102,7 +100,7 @@ def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> De
     """Speculative cascade decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult`.
 
     Extra counter ``deferred``: positions (drafted ones and bonus positions) where the rule moved
-    mass from ``p`` to ``q`` (``π ≠ p`` on the decision distributions).
+    mass from ``p`` to ``q`` (``π ≠ p`` before the greedy one-hot).
     """
     t0 = time.perf_counter()
     target = Stream(pair.target, prompt_ids, "target")
@@ -113,15 +111,16 @@ def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> De
     c, rounds = Counters(), []
 
     def pi_of(p: torch.Tensor, p1: torch.Tensor, q: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
-        c.bump("deferred", int((RULES.get(cfg.rule)(p1, q1, cfg.alpha) != p1).any(-1).sum()))
-        return target_distribution(cfg.rule, p, q, cfg.alpha, p1, q1, greedy=gen.greedy)
+        pi = target_distribution(cfg.rule, p, q, cfg.alpha, p1, q1)
+        c.bump("deferred", int((pi != p).any(-1).sum()))
+        return torch.nn.functional.one_hot(pi.argmax(-1), pi.shape[-1]).to(pi.dtype) if gen.greedy else pi
 
     while not out.done:
         y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
         k = y.shape[0]
         block = torch.cat([out.seq, y.view(1, -1)], 1)
         logits = target.logits(block, last=k + 1)[0]  # [k+1, V]
-        q, q1 = probs_from_logits(logits, gen), logits.softmax(-1)
+        q, q1 = probs_from_logits(logits, gen), gate_distribution(logits)
         pi = pi_of(p, decision_probs(drafter, p), q[:k], q1[:k])  # [k, V] target distributions
         n = first_rejection(y, p, pi, rng)
         if n < k:  # correction from the residual against π

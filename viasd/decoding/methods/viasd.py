@@ -1,23 +1,41 @@
-"""``viasd``: three-tier verification with a routed slim verifier (VIA-SD, DESIGN §2).
+"""``viasd``: three-tier verification with a routed slim verifier (VIA-SD, Xian et al., ICML 2026).
 
-One round:
+This module owns the method loop and its knobs; the routing itself is the pure function
+:func:`~viasd.decoding.tiers.route_round`. One round:
 
-1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p``.
-2. **Slim pass**: one forward of ``q'`` (the target routed through a mask) → ``q'_1..q'_{γ+1}``.
-3. **Route** positions in order: agreement ``s_i`` (``min(1, q'(y_i)/p(y_i))`` or ``1 − TV``):
-   tier 1 ``s_i ≥ τ_accept`` → accept; tier 2 else if ``max q'_i ≥ τ_slim`` → emit ``q'``'s
-   correction and end the round; tier 3 else escalate: one forward of ``q`` over everything it
-   has not cached plus ``y_i..y_γ``, standard SD verification, end the round. If all ``γ`` pass
-   tier 1, emit a bonus from ``q'_{γ+1}`` when it is confident.
-4. Caches roll back to their own valid lengths (the :class:`~viasd.decoding.cache.Stream` helper);
-   the full model may lag behind the committed tokens.
+1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p`` (the drafter also keeps its raw logits).
+2. **Slim pass**: one forward of ``q'`` (the target routed through a layer mask) over what it
+   has not cached plus the block → raw logits at ``γ + 1`` positions.
+3. **Route** (:func:`~viasd.decoding.tiers.route_round`): the gate reads
+   ``p̂ = softmax(draft logits / T_g)`` and ``q̂' = softmax(slim logits / T_g)``
+   (``gate_temperature``, default 1). Agreement ``s_i`` (``min(1, q̂'(y_i)/p̂(y_i))`` or
+   ``1 − TV``): ``s_i ≥ τ_accept`` → tier 1 (accept, continue); ``τ_escalate ≤ s_i < τ_accept``
+   and ``max q̂'_i ≥ τ_slim`` → tier 2 (the slim verifier rewrites the token, the round ends);
+   otherwise → tier 3 (escalate). After ``γ`` tier-1 tokens, a confident slim bonus token.
+4. **Escalate** (tier 3): one forward of the full model ``q`` over everything it has not cached
+   plus ``y_i..y_γ``, standard SD verification (correction or bonus token), the round ends.
+5. **Commit**; each cache rolls back to its own valid length (the
+   :class:`~viasd.decoding.cache.Stream` helper); the full model may lag behind.
 
-``tau_accept > 1`` and ``tau_slim > 1`` switch tiers 1 and 2 off: every round escalates at its
-first token and the method reduces exactly to ``sd``.
+**Why the gate reads raw distributions.** Emitted tokens follow the *processed* distributions
+(temperature / top-k / top-p; greedy: argmax), but in greedy mode those are one-hot, so an
+agreement computed on them is 0 or 1 and every ``τ_accept ∈ (0, 1]`` — and every
+``τ_slim ≤ 1`` — would route identically: the thresholds would measure nothing. The gate
+instead measures how much the two models agree and how sure the slim verifier is, which is a
+property of their logits, not of the decoding temperature; ``gate_temperature`` rescales it.
+
+**Limits.** ``τ_accept > 1`` and ``τ_slim > 1`` switch tiers 1 and 2 off: no slim pass runs,
+every round escalates at its first token and the method reduces exactly to ``sd`` (greedy:
+the target's own output; sampling: the same tokens as ``sd`` for the same seed).
+``τ_escalate = 0`` has no low band (every non-accepted token may be rewritten by a confident
+slim verifier). Counters: ``tier1_accepted``, ``tier2_regenerated`` (of which
+``tier2_kept``: the rewrite equals the draft token), ``slim_bonus``, ``escalations``,
+``tier3_accepted``/``tier3_rejected``; ``accepted`` = drafted tokens emitted as drafted.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -27,9 +45,18 @@ from viasd.config import to_dataclass
 from viasd.decoding.api import register_method
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import acceptance_rate, sd_accept_prob, sd_residual, verify_block
-from viasd.decoding.sampling import confidence, probs_from_logits, sample
+from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
+from viasd.decoding.rules import verify_block
+from viasd.decoding.sampling import probs_from_logits
+from viasd.decoding.tiers import (
+    BONUS,
+    ESCALATE,
+    REWRITE,
+    Route,
+    escalate_at_once,
+    gate_distribution,
+    route_round,
+)
 from viasd.errors import ConfigError
 
 
@@ -51,11 +78,13 @@ class SlimConfig:
 
 @dataclass
 class VIASDConfig:
-    """Every VIA-SD knob (DESIGN §2)."""
+    """Every VIA-SD knob (bands of :func:`~viasd.decoding.tiers.route_round`)."""
 
     gamma: int = 4
-    tau_accept: float = 0.8
-    tau_slim: float = 0.6
+    tau_accept: float = 0.8  # tier 1 when s_i >= tau_accept (> 1: off)
+    tau_slim: float = 0.6  # tier 2 needs max q̂' >= tau_slim (> 1: off)
+    tau_escalate: float = 0.0  # s_i < tau_escalate goes straight to tier 3 (0: no low band)
+    gate_temperature: float = 1.0  # the gate reads softmax(raw logits / gate_temperature)
     agreement: str = "ratio"  # ratio | tv
     max_unverified: int | None = None
     reverify_on_escalation: bool = False
@@ -70,9 +99,19 @@ class VIASDConfig:
             self.slim = to_dataclass(SlimConfig, self.slim)
         if int(self.gamma) < 1:
             raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
-        for k in ("tau_accept", "tau_slim"):
-            if float(getattr(self, k)) < 0:
+        for k in ("tau_accept", "tau_slim", "tau_escalate", "gate_temperature"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise ConfigError(f"{k} must be a number (got {v!r}); set method.{k}")
+            setattr(self, k, float(v))
+        for k in ("tau_accept", "tau_slim", "tau_escalate"):
+            if getattr(self, k) < 0:
                 raise ConfigError(f"{k} must be >= 0 (got {getattr(self, k)}); a value > 1 switches that tier off")
+        if self.tau_escalate > self.tau_accept:
+            raise ConfigError(f"need 0 <= tau_escalate <= tau_accept (got tau_escalate={self.tau_escalate} > "
+                              f"tau_accept={self.tau_accept}); lower method.tau_escalate")
+        if not self.gate_temperature > 0:
+            raise ConfigError(f"gate_temperature must be > 0 (got {self.gate_temperature}); 1.0 reads the raw softmax")
         if self.agreement not in ("ratio", "tv"):
             raise ConfigError(f"agreement must be 'ratio' or 'tv' (got {self.agreement!r})")
         if self.max_unverified is not None and int(self.max_unverified) < 0:
@@ -80,17 +119,37 @@ class VIASDConfig:
         if not 0 < float(self.slim.keep_ratio) <= 1:
             raise ConfigError(f"slim.keep_ratio must be in (0, 1] (got {self.slim.keep_ratio})")
 
+    @property
+    def tiers_on(self) -> bool:
+        """Whether tier 1 or tier 2 can ever fire (otherwise no slim pass is needed)."""
+        return self.tau_accept <= 1 or (self.tau_slim <= 1 and self.tau_escalate <= 1)
 
-def agreement_scores(p: torch.Tensor, q_slim: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Tensor:
-    """Draft/slim agreement ``s_i`` per drafted position (DESIGN §2, VIA-SD step 3).
 
-    ``ratio``: ``min(1, q'_i(y_i) / p_i(y_i))``; ``tv``: ``1 − TV(p_i, q'_i)``.
-    ``p``, ``q_slim``: ``[k, V]``; ``draft``: ``[k]`` → ``[k]``.
+def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int], full_accepted: int) -> int:
+    """Add one round to the counters; returns the drafted tokens emitted as drafted.
+
+    ``drafted``: the block ``y``; ``tokens``: what the round emits; ``full_accepted``: draft
+    tokens the full model accepted after an escalation (0 otherwise).
     """
-    if kind == "tv":
-        return acceptance_rate(p, q_slim)
-    idx = torch.arange(draft.shape[0], device=draft.device)
-    return sd_accept_prob(p[idx, draft], q_slim[idx, draft])
+    k, kept = len(drafted), emitted_as_drafted(drafted, tokens)
+    if route.action == ESCALATE:
+        verified = k - route.verify_from
+        c.bump("escalations")
+        c.bump("tier3_accepted", full_accepted)
+        c.bump("tier3_rejected", verified - full_accepted)
+        c.bonus += full_accepted == verified
+        c.corrected += full_accepted < verified
+    elif route.action == REWRITE:
+        c.bump("tier2_regenerated")
+        c.bump("tier2_kept", int(kept > route.accepted))
+    elif route.action == BONUS:
+        c.bump("slim_bonus")
+    c.bump("tier1_accepted", route.verify_from if route.action == ESCALATE else route.accepted)
+    c.rounds += 1
+    c.drafted += k
+    c.accepted += kept
+    c.rejected += k - kept
+    return kept
 
 
 @register_method("viasd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
@@ -104,63 +163,37 @@ def viasd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    tiers_on = cfg.tau_accept <= 1 or cfg.tau_slim <= 1
+    knobs = dict(tau_accept=cfg.tau_accept, tau_slim=cfg.tau_slim, tau_escalate=cfg.tau_escalate,
+                 agreement=cfg.agreement, max_unverified=cfg.max_unverified,
+                 reverify_on_escalation=cfg.reverify_on_escalation, slim_bonus=cfg.slim_bonus)
     c, rounds, unverified = Counters(), [], 0
     while not out.done:
+        # 1. draft
         y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
         k = y.shape[0]
         block = torch.cat([out.seq, y.view(1, -1)], 1)
-        i, emit, tier = 0, None, "tier1"
-        if tiers_on:
-            logits_s = slim.logits(block, last=k + 1)[0]  # [k+1, V]
-            q_s, conf = probs_from_logits(logits_s, gen), confidence(logits_s)
-            s = agreement_scores(p, q_s[:k], y, cfg.agreement)
-            for i in range(k + 1):
-                forced = cfg.max_unverified is not None and unverified + i >= int(cfg.max_unverified)
-                if i == k:
-                    if cfg.slim_bonus and conf[k] >= cfg.tau_slim and not forced:
-                        emit, tier = [int(sample(q_s[k], rng))], "slim_bonus"
-                    else:  # nothing to emit from the slim side: escalate if the round would be empty
-                        tier = "tier3" if forced or k == 0 else "tier1"
-                    break
-                if forced:
-                    tier = "tier3"
-                    break
-                if s[i] >= cfg.tau_accept:
-                    continue
-                if conf[i] >= cfg.tau_slim:
-                    emit, tier = [int(sample(sd_residual(p[i], q_s[i]), rng))], "tier2"
-                else:
-                    tier = "tier3"
-                break
-        else:
-            tier = "tier3"
-        accepted = i
-        if tier == "tier3":  # escalate to the full verifier (optionally re-checking tier-1 tokens)
-            start = 0 if cfg.reverify_on_escalation else i
+        # 2. slim pass  3. route
+        route = escalate_at_once()
+        if cfg.tiers_on:
+            raw = slim.logits(block, last=k + 1)[0]  # [k+1, V]
+            route = route_round(y, p, probs_from_logits(raw, gen),
+                                gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p),
+                                gate_distribution(raw, cfg.gate_temperature), rng, unverified=unverified, **knobs)
+        # 4. escalate: the full model verifies y[start:] as in sd  5. commit
+        n = 0
+        if route.action == ESCALATE:
+            start = route.verify_from
             q = probs_from_logits(full.logits(block, last=k - start + 1)[0], gen)
             n, token = verify_block(y[start:], p[start:], q, rng)
-            accepted = start + n
-            emit = [token]
-            c.bump("escalations")
-            c.bump("tier3_accepted", n)
-            c.bump("tier3_rejected", k - start - n)
-            c.bonus += n == k - start
-            c.corrected += n < k - start
-        elif tier == "tier2":
-            c.bump("tier2_regenerated")
-        elif tier == "slim_bonus":
-            c.bump("slim_bonus")
-        c.bump("tier1_accepted", 0 if tier == "tier3" and cfg.reverify_on_escalation else i)
-        tokens = y[:accepted].tolist() + (emit or [])
+            tokens = y[:start + n].tolist() + [token]
+        else:
+            tokens = y[:route.accepted].tolist() + ([] if route.token is None else [route.token])
         emitted = out.commit(tokens)
-        unverified = 0 if tier == "tier3" else unverified + emitted
-        policy.update(k, accepted)
-        c.rounds += 1
-        c.drafted += k
-        c.accepted += accepted
-        c.rejected += k - accepted
-        rounds.append(RoundRecord(drafted=k, accepted=accepted, emitted=emitted, extra={"tier": tier}))
+        kept = count_round(c, route, y.tolist(), tokens, n)
+        unverified = 0 if route.action == ESCALATE else unverified + emitted
+        policy.update(k, kept)
+        extra = {"tier": route.steps[-1].tier, "action": route.action}
+        rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
     models = {**drafter.stats(), "slim": slim.stats, "target": full.stats}
     return DecodeResult("viasd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
                         out.stop_reason)

@@ -1,0 +1,178 @@
+"""VIA-SD's tier routing as pure functions over probability tensors (no model, no cache).
+
+This module owns the *gate* of VIA-SD — which tier handles each drafted position — and
+nothing else: the method loop (:mod:`viasd.decoding.methods.viasd`) drafts, runs the slim
+verifier, calls :func:`route_round`, escalates to the full model when told to, and commits.
+
+Two kinds of distributions enter a round, all ``[..., V]``:
+
+* **processed** ``p``, ``q'`` — after temperature / top-k / top-p (one-hot in greedy mode):
+  what tokens are *emitted* from (the slim rewrite samples ``norm(max(0, q' − p))``, the slim
+  bonus samples ``q'``; greedy: their argmax).
+* **gate** ``p̂``, ``q̂'`` — ``softmax(raw logits / T_g)`` with the gate temperature ``T_g``,
+  whatever the decoding temperature. The agreement ``s_i`` and the slim confidence
+  ``max_v q̂'_i(v)`` are read from these. Reading them from the processed distributions would
+  make the gate inert in greedy mode: one-hot ``p``, ``q'`` give ``s_i ∈ {0, 1}``, so every
+  ``τ_accept ∈ (0, 1]`` routes identically. A drafter without logits (prompt lookup) counts
+  as its one-hot proposal (fully confident).
+
+Bands of the agreement ``s_i`` (position ``i`` of the block, in order):
+
+* ``s_i ≥ τ_accept`` → **tier 1**: accept ``y_i``, go on to ``i + 1``;
+* ``τ_escalate ≤ s_i < τ_accept`` → **tier 2** if the slim verifier is confident
+  (``max q̂'_i ≥ τ_slim``): emit its correction and end the round; else tier 3;
+* ``s_i < τ_escalate`` → **tier 3**: escalate — the full model verifies ``y_i..y_γ`` (or the
+  whole block with ``reverify_on_escalation``) as in standard SD, and ends the round.
+
+After ``γ`` tier-1 positions the bonus position ``γ + 1`` emits a sample of ``q'_{γ+1}`` when
+``max q̂'_{γ+1} ≥ τ_slim`` (``slim_bonus``), else the round ends with the drafts alone; an empty
+block escalates (the full model then supplies the token). ``max_unverified = N`` escalates at
+the first position where ``N`` committed tokens would be unseen by the full model.
+``τ_escalate = 0`` has no low band; a threshold > 1 switches its tier off (``s, max q̂' ≤ 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from viasd.decoding.rules import acceptance_rate, sd_accept_prob, sd_residual
+from viasd.decoding.sampling import sample
+
+#: Actions of :class:`Step`.
+CONTINUE, REWRITE, ESCALATE, BONUS, END = "continue", "slim_rewrite", "escalate", "slim_bonus", "end"
+
+
+@dataclass(frozen=True)
+class Step:
+    """The decision at one routed position.
+
+    ``tier``: 1, 2 or 3 (0 at the bonus position when it does not escalate); ``action``: one of
+    ``continue`` (tier 1 accepts the draft token), ``slim_rewrite`` (tier 2), ``escalate``
+    (tier 3), ``slim_bonus``, ``end``; ``source``: who supplies the token at this position —
+    ``draft``, ``slim``, ``full`` (decided after escalation) or ``none``.
+    """
+
+    position: int
+    tier: int
+    action: str
+    source: str
+
+
+@dataclass
+class Route:
+    """The routing of one round.
+
+    ``steps``: one :class:`Step` per routed position (the tier-1 positions, then the position
+    that ended the round); positions after it are not routed. ``accepted``: leading draft
+    tokens accepted by tier 1. ``token``: the slim verifier's token (rewrite or bonus), else
+    ``None``. ``verify_from``: for ``escalate``, the first draft position the full model
+    verifies (``0`` with ``reverify_on_escalation``, else the escalating position).
+    ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i``.
+    """
+
+    steps: list[Step]
+    accepted: int
+    token: int | None = None
+    verify_from: int | None = None
+    scores: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    confidence: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+
+    @property
+    def action(self) -> str:
+        """The action that ended the round."""
+        return self.steps[-1].action
+
+
+def gate_distribution(logits: torch.Tensor | None, temperature: float = 1.0,
+                      fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(logits / T)``, the distribution gates and deferral decisions read.
+
+    ``logits``: ``[k, V]`` raw logits, or ``None`` for a drafter without logits, in which case
+    ``fallback`` (``[k, V]``, the processed proposal: one-hot for a lookup block) is returned,
+    as it is when the row counts differ. → ``[k, V]`` float32.
+    """
+    if logits is None or (fallback is not None and logits.shape[0] != fallback.shape[0]):
+        if fallback is None:
+            raise ValueError("gate_distribution needs logits or a fallback distribution")
+        return fallback
+    return (logits.float() / temperature).softmax(-1)
+
+
+def agreement_scores(p: torch.Tensor, q_slim: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Tensor:
+    """Draft/slim agreement ``s_i`` per drafted position.
+
+    ``ratio``: ``min(1, q'_i(y_i) / p_i(y_i))`` (the speculative-sampling acceptance
+    probability, Leviathan et al. 2023, Alg. 1); ``tv``: ``1 − TV(p_i, q'_i)`` (their Def. 3.1).
+    ``p``, ``q_slim``: ``[k, V]`` gate distributions; ``draft``: ``[k]`` → ``[k]``.
+    """
+    if kind == "tv":
+        return acceptance_rate(p, q_slim)
+    idx = torch.arange(draft.shape[0], device=draft.device)
+    return sd_accept_prob(p[idx, draft], q_slim[idx, draft])
+
+
+def route_round(
+    draft: torch.Tensor,
+    p: torch.Tensor,
+    q_slim: torch.Tensor,
+    p_gate: torch.Tensor,
+    q_gate: torch.Tensor,
+    rng: torch.Generator | None,
+    *,
+    tau_accept: float,
+    tau_slim: float,
+    tau_escalate: float = 0.0,
+    agreement: str = "ratio",
+    unverified: int = 0,
+    max_unverified: int | None = None,
+    reverify_on_escalation: bool = False,
+    slim_bonus: bool = True,
+) -> Route:
+    """Route the positions of one drafted block to tiers 1–3 (see the module docstring).
+
+    Args:
+        draft: ``LongTensor[k]`` drafted tokens ``y_1..y_k`` (``k`` may be 0).
+        p: ``[k, V]`` processed draft distributions (the tokens were drawn from them).
+        q_slim: ``[k + 1, V]`` processed slim distributions at the block positions plus one.
+        p_gate: ``[k, V]`` gate distributions of the draft (``softmax(raw / T_g)``).
+        q_gate: ``[k + 1, V]`` gate distributions of the slim verifier.
+        rng: generator for the slim rewrite / bonus samples (greedy: unused).
+        tau_accept, tau_slim, tau_escalate: band thresholds; ``agreement``: ``ratio`` | ``tv``.
+        unverified: committed tokens the full model has not seen before this round.
+        max_unverified: escalate once ``unverified + i`` reaches it (``None``: never).
+        reverify_on_escalation: the full model re-verifies the tier-1 tokens of this round.
+        slim_bonus: after ``k`` tier-1 positions, emit a confident slim bonus token.
+
+    Returns:
+        A :class:`Route`; the caller escalates when ``route.action == "escalate"``.
+    """
+    k = draft.shape[0]
+    s = agreement_scores(p_gate, q_gate[:k], draft, agreement)
+    conf = q_gate.max(-1).values
+    steps: list[Step] = []
+
+    def done(step: Step, token: int | None = None, verify_from: int | None = None) -> Route:
+        return Route(steps + [step], step.position, token, verify_from, s, conf)
+
+    for i in range(k + 1):
+        forced = max_unverified is not None and unverified + i >= int(max_unverified)
+        if forced or (i == k and k == 0):  # forced full verification, or nothing drafted to route
+            return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
+        if i == k:  # bonus position: every drafted token passed tier 1
+            if slim_bonus and conf[k] >= tau_slim:
+                return done(Step(k, 0, BONUS, "slim"), int(sample(q_slim[k], rng)))
+            return done(Step(k, 0, END, "none"))
+        if s[i] >= tau_accept:
+            steps.append(Step(i, 1, CONTINUE, "draft"))
+            continue
+        if s[i] >= tau_escalate and conf[i] >= tau_slim:
+            return done(Step(i, 2, REWRITE, "slim"), int(sample(sd_residual(p[i], q_slim[i]), rng)))
+        return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
+    raise AssertionError("unreachable: the bonus position always ends the round")
+
+
+def escalate_at_once() -> Route:
+    """The route when the tiers are off (thresholds > 1): escalate at position 0, as ``sd`` verifies."""
+    return Route([Step(0, 3, ESCALATE, "full")], 0, None, 0)

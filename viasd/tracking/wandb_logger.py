@@ -33,7 +33,8 @@ from viasd.tracking.store import atomic_write_json, method_label
 log = logging.getLogger(__name__)
 
 
-def _has_credentials() -> bool:
+def has_credentials() -> bool:
+    """True when W&B can log online (WANDB_API_KEY or a netrc entry)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
@@ -63,7 +64,7 @@ class WandbLogger:
         self._best = math.inf
         if self.mode == "disabled":
             return
-        if self.mode == "online" and not _has_credentials():
+        if self.mode == "online" and not has_credentials():
             warnings.warn("W&B online mode requested but no credentials found (WANDB_API_KEY / `wandb login`); "
                           "logging offline instead — sync later with `wandb sync`", stacklevel=2)
             self.mode = "offline"

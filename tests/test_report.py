@@ -50,7 +50,7 @@ def test_missing_ar_names_the_command_and_run_missing_ar_creates_it(runs_dir, tm
     assert run_exp([*BASE, "method=sd"]) == 0
     store = RunStore(runs_dir)
     md, src = _table(tmp_path, store)
-    assert src["missing_ar"] == ["python -m experiments.run method=ar task=prompts pair=tiny-llama "
+    assert src["missing_ar"] == ["python -m experiments.run method=ar task=prompts pair=tiny-llama seed=0 "
                                  "task.n_examples=2 generation.max_new_tokens=8"]
     assert src["missing_ar"][0] in md and "| – |" in md
     assert report_cli.main(["--scale", "smoke", "--only", "table2", "--out", str(tmp_path / "pf"),

@@ -176,3 +176,13 @@ def test_tune_runs_optuna_trials_on_the_same_objective(runs_dir):
 
     study = optuna.load_study(study_name="viasd-thresholds", storage=f"sqlite:///{runs_dir / 'tune-viasd-thresholds.db'}")
     assert len(study.trials) == 2 and all(t.value is not None and t.value > 0 for t in study.trials)
+
+
+def test_turning_wandb_on_for_a_finished_run_logs_it(runs_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    _run(["method=ar", *TINY])
+    s = _run(["method=sd_ngram", *TINY])
+    assert not list(runs_dir.glob("wandb/offline-run-*"))
+    assert _run(["method=sd_ngram", "tracking.wandb.mode=offline", *TINY])["run_id"] == s["run_id"]  # skipped
+    _check_wandb_run(_offline_records(runs_dir), "sd_ngram", 2)

@@ -15,19 +15,18 @@ import shlex
 import sys
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+
 from viasd.errors import ConfigError
+from viasd.experiments import CONF_DIR
 from viasd.paths import runs_dir
-from viasd.report.build import build_all, collect
+from viasd.report.build import REPORTS, build_all, collect
+from viasd.runner import run
 from viasd.tracking.store import RunStore
 
 
 def run_missing_ar(names: list[str], scale: str, store: RunStore, overrides: list[str]) -> int:
     """Run the matched ``ar`` run of every cell that lacks one; returns how many were run."""
-    from hydra import compose, initialize_config_dir
-
-    from viasd.experiments import CONF_DIR
-    from viasd.runner import run
-
     commands = sorted({r["ar_command"] for n in names for r in collect(n, scale, store, overrides)[0] if r["ar_command"]})
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for cmd in commands:
@@ -37,8 +36,6 @@ def run_missing_ar(names: list[str], scale: str, store: RunStore, overrides: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    from viasd.report.build import REPORTS
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", default="local", choices=["local", "paper", "smoke"])
     ap.add_argument("--only", nargs="*", default=None, help="report names (default: all)")

@@ -128,8 +128,10 @@ def fig_gamma(runs, missing, out, store, scale):
     axes[1].set(xlabel="γ", ylabel="rejection rate")
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _legend_outside(axes[1])
+    axes[0].legend().remove()
+    _legend_outside(axes[1], handles=axes[0].get_legend_handles_labels()[0])  # methods and the ar line
     fig.suptitle(f"speedup and rejection vs γ ({scale})", fontsize=9)
+    fig.tight_layout()
     return save_figure(fig, out, "fig_gamma", runs, missing, scale)
 
 

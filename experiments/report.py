@@ -1,39 +1,64 @@
-"""``python -m experiments.report [--scale local|paper|smoke] [--only table2 fig_tiers] [--out paper_figures]``
+"""``python -m experiments.report [--scale local|paper|smoke] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar]``
 
 Rebuilds every table (Markdown + LaTeX) and figure (PNG + PDF) from the local run store
-(``VIASD_RUNS_DIR``, default ``./runs``) into ``paper_figures/``. With ``--wandb ENTITY/PROJECT``
-it first pulls finished runs' summaries from W&B into the store.
+(``VIASD_RUNS_DIR``, default ``./runs``) into ``<out>/<scale>/`` (default
+``paper_figures/<scale>/``), so reports of one scale never overwrite another's. Speedups are
+against the ``ar`` run of the identical workload; cells without one print the command that
+creates it, and ``--run-missing-ar`` runs those commands before building.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
 from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from viasd.errors import ConfigError
+from viasd.experiments import CONF_DIR
+from viasd.paths import runs_dir
+from viasd.report.build import REPORTS, build_all, collect
+from viasd.runner import run
+from viasd.tracking.store import RunStore
+
+
+def run_missing_ar(names: list[str], scale: str, store: RunStore, overrides: list[str]) -> int:
+    """Run the matched ``ar`` run of every cell that lacks one; returns how many were run."""
+    commands = sorted({r["ar_command"] for n in names for r in collect(n, scale, store, overrides)[0] if r["ar_command"]})
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for cmd in commands:
+            print(f"[viasd] {cmd}")
+            run(compose(config_name="config", overrides=shlex.split(cmd)[3:]))
+    return len(commands)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", default="local", choices=["local", "paper", "smoke"])
     ap.add_argument("--only", nargs="*", default=None, help="report names (default: all)")
-    ap.add_argument("--out", default="paper_figures")
+    ap.add_argument("--out", default="paper_figures", help="root folder; outputs go to <out>/<scale>/")
     ap.add_argument("--runs", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
     ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides the exps were run with")
+    ap.add_argument("--run-missing-ar", action="store_true", help="first run the matched ar runs that are missing")
     args = ap.parse_args(argv)
-
-    from viasd.errors import ConfigError
-    from viasd.paths import runs_dir
-    from viasd.report.build import build_all
-    from viasd.tracking.store import RunStore
 
     store = RunStore(args.runs or runs_dir())
     try:
+        if args.run_missing_ar:
+            run_missing_ar(args.only or REPORTS.names(), args.scale, store, args.override)
         res = build_all(Path(args.out), store, args.scale, args.only, args.override)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for name, paths in res.items():
         print(f"{name:<16} {paths if isinstance(paths, str) else ', '.join(paths)}")
+        if not isinstance(paths, str):
+            src = json.loads((Path(paths[0]).parent / f"{name}.sources.json").read_text())
+            for cmd in src.get("missing_ar", []):
+                print(f"{'':<16} no matched ar run (speedup –); create it with: {cmd}")
     return 0
 
 

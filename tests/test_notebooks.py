@@ -1,4 +1,7 @@
-"""Notebooks execute against a run store (so they cannot rot)."""
+"""Notebooks execute against a run store (so they cannot rot) and show and save their plots.
+
+The grid runs on the built-in prompts (``task=prompts``), so no offline data is needed.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +16,15 @@ NOTEBOOKS = sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes(path, runs_dir, monkeypatch):
+def test_notebook_executes_and_shows_images(path, runs_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_NOTEBOOK_SCALE", "smoke")
-    assert run_exp(["+exp=table4", "exp.scale=smoke"]) == 0
+    monkeypatch.setenv("VIASD_NOTEBOOK_OVERRIDES", "task=prompts")
+    monkeypatch.setenv("VIASD_NOTEBOOK_OUT", str(tmp_path / "figs"))
+    assert run_exp(["+exp=table4", "exp.scale=smoke", "task=prompts"]) == 0
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(PROJECT_ROOT)}}).execute()
-    outputs = "".join(str(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "table4: 4 runs, 0 missing" in outputs
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert "table4: 2 runs, 0 missing" in "".join(str(o.get("text", "")) for o in outputs)
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, "no inline plot"
+    assert sorted(p.name for p in (tmp_path / "figs").glob("*.png")) == ["ablation_masks.png"]

@@ -12,9 +12,11 @@ An exp file (``conf/exp/NAME.yaml``, ``# @package _global_``) holds only an ``ex
         paper: {pair: [gemma2-2b-9b], task.n_examples: [null]}
         smoke: {pair: [tiny-llama], task.n_examples: [2]}
 
-Cells are the Cartesian product of ``grid`` and ``scales[scale]``; each cell is composed by Hydra
-from the command line's overrides plus the cell's, and run through the same code as a single
-run. Finished runs (same resolved config) are skipped, so a killed grid resumes where it
+Cells are the Cartesian product of ``grid``, ``scales[scale]`` and the exp's ``seeds`` (or
+``repeats: N`` = seeds 0…N−1, the axis ``seed``; a scale row's own ``seed`` list wins); each
+cell is composed by Hydra from the command line's overrides plus the cell's, and run through
+the same code as a single run. A command-line override of a key the exp also sets (e.g.
+``generation.max_new_tokens=32`` or ``seed=3``) replaces that axis in every cell. Finished runs (same resolved config) are skipped, so a killed grid resumes where it
 stopped; a failing cell is reported and the others still run.
 """
 
@@ -44,14 +46,33 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def cell_overrides(exp: DictConfig | dict) -> list[list[str]]:
-    """The override lists of every cell of an exp node (group choices before their fields)."""
-    exp = OmegaConf.to_container(exp, resolve=True) if isinstance(exp, DictConfig) else exp
+def override_keys(overrides: list[str]) -> set[str]:
+    """Config keys set by a list of Hydra overrides (``+``/``++``/``~`` prefixes stripped)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+
+
+def exp_axes(exp: dict, fixed: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``{key: values}`` of an exp at its scale: grid, scale row and seeds, minus the ``fixed`` keys."""
     scale = exp.get("scale", "local")
     scales = exp.get("scales") or {}
     if scales and scale not in scales:
         raise ConfigError(f"exp {exp.get('name')!r} has no scale {scale!r}; choose one of {', '.join(scales)}")
     axes = {**(exp.get("grid") or {}), **(scales.get(scale) or {})}
+    seeds = exp.get("seeds")
+    if seeds is None and exp.get("repeats"):
+        seeds = list(range(int(exp["repeats"])))
+    if seeds is not None and "seed" not in axes:
+        axes["seed"] = list(seeds)
+    return {k: v for k, v in axes.items() if k not in fixed}
+
+
+def cell_overrides(exp: DictConfig | dict, fixed: set[str] | frozenset[str] = frozenset()) -> list[list[str]]:
+    """The override lists of every cell of an exp node (group choices before their fields).
+
+    ``fixed``: keys set on the command line; their axes are dropped so the command line wins.
+    """
+    exp = OmegaConf.to_container(exp, resolve=True) if isinstance(exp, DictConfig) else exp
+    axes = exp_axes(exp, fixed)
     keys = sorted(axes, key=lambda k: (k.count("."), list(axes).index(k)))
     values = [axes[k] if isinstance(axes[k], list) else [axes[k]] for k in keys]
     return [[f"{k}={_fmt(v)}" for k, v in zip(keys, combo)] for combo in itertools.product(*values)]
@@ -59,6 +80,12 @@ def cell_overrides(exp: DictConfig | dict) -> list[list[str]]:
 
 def compose_cells(base_overrides: list[str], exp_name: str | None = None, scale: str | None = None) -> list[DictConfig]:
     """Compose every cell of an exp with Hydra (inside or outside a Hydra app)."""
+    return [cfg for _, cfg in compose_cells_with_overrides(base_overrides, exp_name, scale)]
+
+
+def compose_cells_with_overrides(base_overrides: list[str], exp_name: str | None = None,
+                                 scale: str | None = None) -> list[tuple[list[str], DictConfig]]:
+    """``(cell overrides, composed config)`` of every cell of an exp (the overrides exclude the base)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -68,11 +95,12 @@ def compose_cells(base_overrides: list[str], exp_name: str | None = None, scale:
     if scale is not None:
         base.append(f"exp.scale={scale}")
 
-    def _do() -> list[DictConfig]:
+    def _do() -> list[tuple[list[str], DictConfig]]:
         top = compose(config_name="config", overrides=base)
         if "exp" not in top:
             raise ConfigError("no exp selected; use +exp=NAME")
-        return [compose(config_name="config", overrides=base + cell) for cell in cell_overrides(top.exp)]
+        fixed = override_keys(base_overrides)
+        return [(cell, compose(config_name="config", overrides=base + cell)) for cell in cell_overrides(top.exp, fixed)]
 
     if GlobalHydra.instance().is_initialized():
         return _do()
@@ -103,6 +131,10 @@ def run_exp(base_overrides: list[str]) -> int:
     cells = compose_cells(base_overrides)
     name = cells[0].exp.name if cells else "?"
     print(f"[viasd] exp {name}: {len(cells)} runs")
+    if cells:
+        exp = OmegaConf.to_container(cells[0].exp, resolve=True)
+        for key in sorted(set(exp_axes(exp)) & override_keys(base_overrides)):
+            print(f"[viasd] command line sets {key}; the exp's values for it are not used")
     failures = []
     for i, cfg in enumerate(cells):
         label = f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}"
@@ -140,7 +172,8 @@ def sweep_command(exp_name: str, scale: str = "local", launcher: str | None = No
 
     exp = OmegaConf.load(exp_file(exp_name)).exp
     exp = OmegaConf.to_container(exp, resolve=True)
-    axes = {**(exp.get("grid") or {}), **((exp.get("scales") or {}).get(scale) or {})}
+    exp["scale"] = scale
+    axes = exp_axes(exp)
     keys = sorted(axes, key=lambda k: (k.count("."), list(axes).index(k)))
     parts = []
     for k in keys:

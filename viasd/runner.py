@@ -2,16 +2,22 @@
 
 :func:`run` is what ``python -m experiments.run`` calls after Hydra composes the config; it is
 also what experiment grids call per cell. It writes a run folder to the local run store (and
-W&B when enabled), skips a run whose identical config already finished, and returns the
-summary dict.
+W&B when enabled), skips a run whose identical config *and input files* already finished, and
+returns the summary dict. A run's identity (:func:`identity`) is the resolved config plus the
+SHA-256 of every input file it reads (prompt/data file, DIMR mask artifact); its summary
+records the slim mask actually used, the speedup over the ``ar`` run of the identical workload
+(when that run is in the store) and the sweep objective ``speedup_at_quality``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,12 +27,16 @@ from tqdm.auto import tqdm
 from viasd.config import GenerationConfig, to_dataclass
 from viasd.decoding.api import METHODS, decode, method_config
 from viasd.decoding.result import DecodeResult
-from viasd.tracking.store import RunStore, run_id_for
+from viasd.dimr.masks import mask_path, resolve_plan
+from viasd.paths import data_dir
+from viasd.report.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
+from viasd.tracking.store import RunStore, file_sha256, run_id_for
+from viasd.tracking.wandb_logger import WandbLogger, labels_for, upload_finished
 
 log = logging.getLogger(__name__)
 
 SUMMARY_KEYS = ("method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s",
-                "rejection_rate", "mean_accepted")
+                "rejection_rate", "target_calls_per_token", "mean_accepted", "speedup_vs_ar", "speedup_at_quality")
 
 
 def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
@@ -35,7 +45,8 @@ def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
     for r in results:
         for k, v in r.summary().items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
-                    "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call"):
+                    "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call",
+                    "target_calls_per_token"):
                 tot[k] = tot.get(k, 0) + (0 if isinstance(v, float) and math.isnan(v) else v)
     new, wall = tot.get("new_tokens", 0), tot.get("wall_s", 0.0)
     drafted, accepted, rounds = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("rounds", 0)
@@ -43,6 +54,7 @@ def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
     tot["rejection_rate"] = 1 - accepted / drafted if drafted else math.nan
     tot["mean_accepted"] = new / rounds if rounds else math.nan
     tot["tokens_per_target_call"] = new / tot["target_calls"] if tot.get("target_calls") else math.nan
+    tot["target_calls_per_token"] = tot["target_calls"] / new if new and "target_calls" in tot else math.nan
     return tot
 
 
@@ -51,8 +63,6 @@ _PAIRS: dict[str, Any] = {}
 
 def cached_pair(pair_cfg: DictConfig):
     """Load a pair once per process (grids reuse it across cells)."""
-    import json
-
     from viasd.models.pairs import load_pair
 
     key = json.dumps(OmegaConf.to_container(pair_cfg, resolve=True), sort_keys=True)
@@ -62,10 +72,54 @@ def cached_pair(pair_cfg: DictConfig):
     return _PAIRS[key]
 
 
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def _sha(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _HASHES:
+        _HASHES[key] = file_sha256(path)
+    return _HASHES[key]
+
+
+def input_files(cfg: DictConfig) -> dict[str, Path]:
+    """Every existing input file a run of ``cfg`` reads: ``{config key: path}``.
+
+    The task's prompt file (``task.path``) or offline data file (``task.offline_file``, relative
+    to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` or a
+    ``.json`` path resolves to. Missing files are left out (the task/mask loader reports them).
+    """
+    files: dict[str, Path] = {}
+    task = cfg.get("task") or {}
+    if task.get("path"):
+        files["task.path"] = Path(str(task.path)).expanduser().resolve()
+    if task.get("offline_file") and task.get("source", "offline") != "hub":
+        p = Path(str(task.offline_file))
+        base = None if p.is_absolute() else data_dir(required=False)
+        if p.is_absolute() or base is not None:
+            files["task.offline_file"] = p if p.is_absolute() else base / p
+    slim = (cfg.get("method") or {}).get("slim") if isinstance(cfg.get("method"), DictConfig) else None
+    if slim is not None and isinstance(slim.get("mask"), str):
+        mask = slim.mask
+        if mask == "auto":
+            files["method.slim.mask"] = mask_path(str(cfg.pair.name), float(slim.get("keep_ratio", 0.5)),
+                                                  str(slim.get("objective", "kl")))
+        elif mask.endswith(".json"):
+            files["method.slim.mask"] = Path(mask).expanduser().resolve()
+    return {k: p for k, p in files.items() if p.is_file()}
+
+
 def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
-    """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl)."""
+    """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl).
+
+    Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files`, so an
+    edited prompt/data/mask file gives a new run id.
+    """
     resolved = OmegaConf.to_container(cfg, resolve=True)
     entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
+    if entry == "run":
+        resolved["inputs"] = {k: _sha(p) for k, p in input_files(cfg).items()}
     if entry == "search":
         resolved["method"] = {"name": "dimr_search"}
         resolved["task"] = {"name": "calibration"}
@@ -83,10 +137,35 @@ def _prepare(cfg: DictConfig) -> None:
     transformers.logging.set_verbosity_error()
 
 
+def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | None:
+    """``{"layers", "source", "sha256"}`` of the slim verifier a method config resolves to (None: no slim).
+
+    ``sha256`` is the mask artifact's file hash when one is read, else the hash of the layer list.
+    """
+    slim = getattr(mcfg, "slim", None)
+    if slim is None:
+        return None
+    _, plan, desc = resolve_plan(pair, slim)
+    layers = list(plan.layers) if plan is not None else None
+    sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
+    return {"layers": layers, "source": desc,
+            "sha256": sha or hashlib.sha256(json.dumps(layers).encode()).hexdigest()}
+
+
+def matched_speedups(summary: dict[str, Any], resolved: dict[str, Any], store: RunStore,
+                     delta: float) -> dict[str, Any]:
+    """``speedup_vs_ar``, ``speedup_at_quality`` and ``ar_run_id`` against the matched ``ar`` run."""
+    ar = {"run_id": summary.get("run_id"), "summary": summary} if summary.get("method") == "ar" else \
+        matched_ar(resolved, ar_index(store))
+    if ar is None:
+        return {"speedup_vs_ar": math.nan, "speedup_at_quality": math.nan, "ar_run_id": None}
+    return {"speedup_vs_ar": speedup(summary, ar["summary"]),
+            "speedup_at_quality": speedup_at_quality(summary, ar["summary"], delta), "ar_run_id": ar["run_id"]}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Execute the run described by a composed config; returns its summary."""
     from viasd.tasks import build_task
-    from viasd.tracking.wandb_logger import WandbLogger
 
     _prepare(cfg)
     method_name = cfg.method.name
@@ -102,36 +181,53 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     store = RunStore(cfg.tracking.store_dir)
     done = _finished(cfg, resolved)
     if done is not None:
+        upload_finished(cfg.tracking, store.path(run_id))
         return done
     examples = task.examples()
     pair = cached_pair(cfg.pair)
     if not gen.stop_strings:
         gen.stop_strings = list(task.stop_strings_for(pair.tokenizer))
-    run_dir = store.open(run_id, resolved)
-    wb = WandbLogger(cfg.tracking, resolved, run_id)
+    files = input_files(cfg)
+    data = data_dir(required=False)
+    meta = {"inputs": {k: {"path": str(p), "sha256": resolved["inputs"][k]} for k, p in files.items()},
+            "data_dir": str(data) if data else None, "threads": torch.get_num_threads()}
+    run_dir = store.open(run_id, resolved, meta)
+    mask = slim_mask_used(pair, mcfg, resolved["inputs"])
+    if mask is not None:
+        run_dir.update_meta(slim_mask=mask)
+    labels = labels_for(resolved)
+    wb = WandbLogger(cfg.tracking, resolved, run_id, **labels)
     results: list[DecodeResult] = []
     predictions: list[str] = []
     t0 = time.perf_counter()
     try:
-        bar = tqdm(examples, desc=f"{method_name} on {pair.name}/{task.name}", unit="ex", file=sys.stderr)
+        bar = tqdm(examples, desc=f"{labels['job_type']} on {pair.name}/{task.name}", unit="ex", file=sys.stderr)
         for i, ex in enumerate(bar):
             text = task.render(ex, pair.tokenizer)
             res = decode(pair, pair.encode(text), method_name, mcfg, gen, seed=int(cfg.seed) + i)
             pred = task.postprocess(res.text)
             results.append(res)
             predictions.append(pred)
-            run_dir.log_example({"id": ex.id, "prompt": text, "prediction": pred, "raw_output": res.text,
-                                 "reference": ex.reference, "token_ids": res.tokens, **res.summary()})
+            record = {"id": ex.id, "prompt": text, "prediction": pred, "raw_output": res.text,
+                      "reference": ex.reference, "token_ids": res.tokens, **res.summary()}
+            run_dir.log_example(record)
+            wb.log_example(i, record)
             bar.set_postfix(tok_s=f"{res.tokens_per_s:.1f}", rej=f"{res.rejection_rate:.2f}")
         corpus, per_example = task.score(predictions, examples)
     except BaseException:
         run_dir.abort()
         wb.finish(failed=True)
         raise
-    summary = {"method": method_name, "pair": pair.name, "task": task.name, "n_examples": len(examples),
-               "run_id": run_id, "seed": int(cfg.seed), "total_s": time.perf_counter() - t0,
-               "lossless": METHODS.get(method_name).lossless, **aggregate(results),
-               **{f"metric/{k}": v for k, v in corpus.items()}}
+    summary = {"method": labels["job_type"], "method_impl": method_name, "pair": pair.name, "task": task.name,
+               "n_examples": len(examples), "run_id": run_id, "seed": int(cfg.seed),
+               "total_s": time.perf_counter() - t0, "lossless": METHODS.get(method_name).lossless,
+               **aggregate(results), **{f"metric/{k}": v for k, v in corpus.items()}}
+    if mask is not None:
+        summary.update({"slim_mask/layers": mask["layers"], "slim_mask/source": mask["source"],
+                        "slim_mask/sha256": mask["sha256"]})
+    if summary.get("tier1_accepted") or summary.get("escalations") or summary.get("tier2_regenerated"):
+        summary.update({f"tier_share/{k}": v for k, v in tier_shares(summary).items()})
+    summary.update(matched_speedups(summary, resolved, store, float(cfg.tracking.get("quality_delta", 1.0))))
     run_dir.finish(summary, per_example)
     wb.log_run(summary, run_dir.path)
     wb.finish()
@@ -151,8 +247,6 @@ def print_summary(summary: dict[str, Any], path) -> None:
 
 
 def _finished(cfg: DictConfig, resolved: dict[str, Any]) -> dict[str, Any] | None:
-    import json
-
     store = RunStore(cfg.tracking.store_dir)
     run_id = run_id_for(resolved)
     if cfg.tracking.get("skip_finished", True) and store.is_finished(run_id):
@@ -163,11 +257,7 @@ def _finished(cfg: DictConfig, resolved: dict[str, Any]) -> dict[str, Any] | Non
 
 def run_search(cfg: DictConfig) -> dict[str, Any]:
     """DIMR search for ``cfg.pair`` at ``cfg.search``; logs trials and the mask as a run."""
-    from pathlib import Path
-
-    from viasd.config import to_dataclass
     from viasd.dimr.search import SearchConfig, search_mask
-    from viasd.tracking.wandb_logger import WandbLogger
 
     _prepare(cfg)
     scfg = to_dataclass(SearchConfig, cfg.search)
@@ -177,7 +267,12 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     if done is not None and Path(done.get("path", "")).is_file():
         return done
     pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
+    run_id = run_id_for(resolved)
+    wb = WandbLogger(cfg.tracking, resolved, run_id, **labels_for(resolved))
     art = search_mask(pair, scfg)
+    log_trial = wb.trial_logger()  # TODO(lead): pass as the search's per-trial callback once it takes one
+    for t in art["trials"]:
+        log_trial(t)
     rnd = art["baselines"]["random"]
     print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
           f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")
@@ -190,13 +285,13 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
         print(f"  random x{len(rnd)}   KL(q||q') min={kls[0]:.4f} median={kls[len(kls) // 2]:.4f}")
     print(f"mask written to {art['path']}")
     store = RunStore(cfg.tracking.store_dir)
-    run_dir = store.open(run_id_for(resolved), resolved)
+    run_dir = store.open(run_id, resolved)
     for t in art["trials"]:
         run_dir.log_example(t)
     summary = {k: v for k, v in art.items() if k not in ("trials", "config")}
-    summary.update({"method": "dimr_search", "task": "calibration", "n_examples": art["n_trials"]})
+    summary.update({"method": "dimr_search", "task": "calibration", "n_examples": art["n_trials"],
+                    "mask_sha256": file_sha256(Path(art["path"]))})
     run_dir.finish(summary)
-    wb = WandbLogger(cfg.tracking, resolved, run_dir.path.name)
     wb.log_artifact(Path(art["path"]), f"mask-{pair.name}-keep{scfg.keep_ratio:.2f}", "dimr_mask")
     wb.log_run(summary, run_dir.path)
     wb.finish()
@@ -205,10 +300,7 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:
     """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
-    import json
-
     from viasd.decoding.methods.viasd import SlimConfig
-    from viasd.dimr.masks import resolve_plan
     from viasd.dimr.search import calibration_texts, kl_geometry
 
     _prepare(cfg)

@@ -1,10 +1,14 @@
 """The local run store: one folder per run, written atomically, read by the reports.
 
-Layout of ``<store>/<run_id>/``: ``config.yaml`` (resolved config), ``meta.json`` (git sha,
-host, versions, start time), ``examples.jsonl`` (one line per example, appended and flushed as
-examples finish), and ``summary.json`` — written last and atomically, so a run is *finished*
-exactly when its ``summary.json`` exists. ``run_id`` is derived from a hash of the resolved
-config, so re-running an identical config finds the finished run and skips it.
+Layout of ``<store>/<run_id>/``: ``config.yaml`` (resolved config, with an ``inputs`` node
+holding the content hash of every input file the run reads), ``meta.json`` (git sha and
+dirty-tree flag, host, versions, start time, data folder), ``examples.jsonl`` (one line per
+example, appended and flushed as examples finish), and ``summary.json`` — written last and
+atomically, so a run is *finished* exactly when its ``summary.json`` exists. Every file is
+written with the same mode (0644 under the usual umask). ``run_id`` is derived from a hash of
+the resolved config *including the input hashes*, so re-running an identical config on
+identical files finds the finished run and skips it, and editing a prompt/data/mask file
+makes a new run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,24 @@ import yaml
 #: Config keys that do not change a run's result (excluded from its identity hash).
 VOLATILE_KEYS = ("tracking", "hydra", "threads", "exp")
 
+#: Mode of every file in a run folder (before the umask), like ``open(..., "w")``.
+FILE_MODE = 0o666
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes (the content part of a run's identity)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
 
 def _jsonable(x: Any) -> Any:
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
@@ -46,6 +68,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -62,9 +85,18 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+def method_label(method: dict[str, Any] | None) -> str:
+    """The method as configured: ``sd`` with a non-model drafter is ``sd_<drafter>`` (``sd_ngram``…)."""
+    method = method or {}
+    name = str(method.get("name", "method"))
+    drafter = (method.get("drafter") or {}).get("name") if isinstance(method.get("drafter"), dict) else None
+    return f"sd_{drafter}" if name == "sd" and drafter and drafter != "model" else name
+
+
 def run_id_for(cfg: dict[str, Any]) -> str:
-    """``<pair>__<method>__<task>__<hash>`` for a resolved config dict."""
-    parts = [str(cfg.get(k, {}).get("name", k)) for k in ("pair", "method", "task")]
+    """``<pair>__<method label>__<task>__<hash>`` for a resolved config dict."""
+    parts = [str(cfg.get("pair", {}).get("name", "pair")), method_label(cfg.get("method")),
+             str(cfg.get("task", {}).get("name", "task"))]
     return "__".join(parts + [config_hash(cfg)])
 
 
@@ -76,24 +108,41 @@ def git_sha() -> str:
         return "unknown"
 
 
+def git_dirty() -> bool | None:
+    """True when the project's work tree has uncommitted changes to tracked files (None: no git)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                             text=True, timeout=10, cwd=Path(__file__).parent)
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
 class Run:
     """An open run folder: append examples, then :meth:`finish` with the summary."""
 
-    def __init__(self, path: Path, cfg: dict[str, Any]):
+    def __init__(self, path: Path, cfg: dict[str, Any], meta: dict[str, Any] | None = None):
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
         import torch
         import transformers
 
-        atomic_write_json(path / "meta.json", {
-            "git_sha": git_sha(), "host": platform.node(), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "run_id": path.name,
-        })
+        self.meta = {
+            "git_sha": git_sha(), "git_dirty": git_dirty(), "host": platform.node(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "run_id": path.name, "inputs": cfg.get("inputs", {}), **(meta or {}),
+        }
+        atomic_write_json(path / "meta.json", self.meta)
         (path / "summary.json").unlink(missing_ok=True)
         self._examples = open(path / "examples.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self.records: list[dict[str, Any]] = []
+
+    def update_meta(self, **fields: Any) -> None:
+        """Add fields to ``meta.json`` (e.g. the slim mask once the pair is loaded)."""
+        self.meta.update(fields)
+        atomic_write_json(self.path / "meta.json", self.meta)
 
     def log_example(self, record: dict[str, Any]) -> None:
         """Append one example record and flush it to disk."""
@@ -131,8 +180,8 @@ class RunStore:
     def is_finished(self, run_id: str) -> bool:
         return (self.path(run_id) / "summary.json").is_file()
 
-    def open(self, run_id: str, cfg: dict[str, Any]) -> Run:
-        return Run(self.path(run_id), cfg)
+    def open(self, run_id: str, cfg: dict[str, Any], meta: dict[str, Any] | None = None) -> Run:
+        return Run(self.path(run_id), cfg, meta)
 
     def finished_runs(self) -> Iterator[dict[str, Any]]:
         """Yield ``{"run_id", "path", "config", "summary"}`` for every finished run."""

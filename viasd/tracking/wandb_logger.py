@@ -4,20 +4,37 @@
 (or when W&B cannot start) degrades to ``offline`` with one warning; if W&B fails entirely the
 run goes on with the local run store only. Every W&B call is guarded: the local run store is
 the source of truth for reports (offline W&B keeps config/summary only inside binary files).
+
+A run is grouped by ``group`` (exp name or "adhoc"), ``job_type`` (method label) and tags
+(pair, task, scale); each example is one history step (``example/*`` scalars, so the
+dashboard draws charts); the summary carries every scalar of ``summary.json`` (speedup over
+the matched ``ar`` run, ``speedup_at_quality``, rejection rate, full-model calls per token,
+``metric/*`` quality, ``tier_share/*``); the run folder is an artifact named by the store's
+run id, so re-runs add versions. :func:`upload_finished` replays a finished store run (what
+``python -m experiments.sync`` and a skipped-but-finished run call); :meth:`WandbLogger.trial_logger`
+is the per-trial hook for the DIMR search. A run folder uploaded once holds ``wandb.json``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from viasd.tracking.store import atomic_write_json, method_label
 
 log = logging.getLogger(__name__)
 
 
-def _has_credentials() -> bool:
+def has_credentials() -> bool:
+    """True when W&B can log online (WANDB_API_KEY or a netrc entry)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
@@ -27,16 +44,27 @@ def _has_credentials() -> bool:
         return False
 
 
+def labels_for(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``group`` (exp name or "adhoc"), ``job_type`` (method label), ``tags`` (pair, task, scale) of a run config."""
+    exp = resolved.get("exp") or {}
+    return {"group": exp.get("name") or "adhoc", "job_type": method_label(resolved.get("method")),
+            "tags": [str((resolved.get("pair") or {}).get("name")), str((resolved.get("task") or {}).get("name")),
+                     str(exp.get("scale") or "adhoc")]}
+
+
 class WandbLogger:
     """A guarded W&B run: ``log_run`` and ``finish`` never raise."""
 
-    def __init__(self, tracking_cfg: Any, resolved: dict[str, Any], run_id: str):
+    def __init__(self, tracking_cfg: Any, resolved: dict[str, Any], run_id: str, group: str = "adhoc",
+                 job_type: str | None = None, tags: list[str] | tuple[str, ...] = ()):
         wcfg = dict(tracking_cfg.get("wandb", {}) or {})
         self.mode = str(wcfg.get("mode", "disabled"))
         self.run = None
+        self.run_id = run_id
+        self._best = math.inf
         if self.mode == "disabled":
             return
-        if self.mode == "online" and not _has_credentials():
+        if self.mode == "online" and not has_credentials():
             warnings.warn("W&B online mode requested but no credentials found (WANDB_API_KEY / `wandb login`); "
                           "logging offline instead — sync later with `wandb sync`", stacklevel=2)
             self.mode = "offline"
@@ -45,7 +73,8 @@ class WandbLogger:
 
             self.run = wandb.init(
                 project=wcfg.get("project", "viasd"), entity=wcfg.get("entity"), mode=self.mode,
-                name=run_id, id=None, config=resolved, tags=list(wcfg.get("tags", []) or []),
+                name=run_id, id=None, config=resolved, group=group, job_type=job_type or "run",
+                tags=list(dict.fromkeys([*tags, *(wcfg.get("tags", []) or [])])),
                 dir=str(Path(tracking_cfg.get("store_dir", "runs")).resolve()), reinit="finish_previous",
                 settings=wandb.Settings(init_timeout=30, silent=True),
             )
@@ -54,25 +83,62 @@ class WandbLogger:
                           stacklevel=2)
             self.run = None
 
+    def log_example(self, step: int, record: dict[str, Any]) -> None:
+        """One history step per example: its numeric scalars as ``example/<key>``."""
+        if self.run is None:
+            return
+        scalars = {f"example/{k}": v for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "id"}
+        try:
+            self.run.log(scalars, step=step)
+        except Exception as e:
+            warnings.warn(f"W&B history logging failed ({e})", stacklevel=2)
+
+    def trial_logger(self) -> Callable[[dict[str, Any]], None]:
+        """A hook ``log(trial)`` for the DIMR search: one history step per trial as it is evaluated.
+
+        ``trial`` is a trial record (``objective``, ``phase``, ``layers``, …); the step logs its
+        numeric fields as ``dimr/<key>``, the best objective so far and the kept layers as text.
+        """
+        def log(trial: dict[str, Any]) -> None:
+            if self.run is None:
+                return
+            obj = trial.get("objective")
+            if isinstance(obj, (int, float)):
+                self._best = min(self._best, float(obj))
+            row = {f"dimr/{k}": v for k, v in trial.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            row.update({"dimr/best_objective": self._best, "dimr/layers": json.dumps(trial.get("layers")),
+                        "dimr/phase": str(trial.get("phase"))})
+            try:
+                self.run.log(row)
+            except Exception as e:
+                warnings.warn(f"W&B trial logging failed ({e})", stacklevel=2)
+
+        return log
+
     def log_run(self, summary: dict[str, Any], run_dir: Path) -> None:
-        """Log the summary, the per-example table and the run folder as an artifact."""
+        """Log the summary, the per-example table and the run folder as an artifact named by run id."""
         if self.run is None:
             return
         try:
-            import json
-
             import wandb
 
-            self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+            self.run.summary.update({k: (json.dumps(v) if isinstance(v, (list, dict)) else v)
+                                     for k, v in summary.items()
+                                     if isinstance(v, (int, float, str, list, dict)) and v is not None})
             rows = [json.loads(line) for line in (run_dir / "examples.jsonl").read_text().splitlines() if line]
             if rows:
                 cols = [c for c in rows[0] if c not in ("token_ids",)]
                 table = wandb.Table(columns=cols, data=[[json.dumps(r.get(c)) if isinstance(r.get(c), (dict, list))
                                                          else r.get(c) for c in cols] for r in rows])
                 self.run.log({"examples": table})
-            art = wandb.Artifact(f"run-{self.run.id}", type="run")
-            art.add_dir(str(run_dir))
+            art = wandb.Artifact(f"run-{self.run_id}", type="run")
+            for f in ("config.yaml", "meta.json", "examples.jsonl", "summary.json"):
+                if (run_dir / f).is_file():
+                    art.add_file(str(run_dir / f))
             self.run.log_artifact(art)
+            atomic_write_json(run_dir / "wandb.json", {"mode": self.mode, "wandb_id": self.run.id,
+                                                       "project": self.run.project})
         except Exception as e:
             warnings.warn(f"W&B logging failed ({e}); the local run store has everything", stacklevel=2)
 
@@ -97,3 +163,28 @@ class WandbLogger:
         except Exception as e:
             warnings.warn(f"W&B finish failed ({e})", stacklevel=2)
         self.run = None
+
+
+def upload_finished(tracking_cfg: Any, run_dir: Path, force: bool = False) -> bool:
+    """Log a finished store run to W&B (history replayed from ``examples.jsonl``); True if logged.
+
+    Does nothing when W&B is disabled, or when the folder was uploaded before (``wandb.json``)
+    unless ``force``.
+    """
+    wcfg = dict(tracking_cfg.get("wandb", {}) or {})
+    run_dir = Path(run_dir)
+    if str(wcfg.get("mode", "disabled")) == "disabled" or not (run_dir / "summary.json").is_file():
+        return False
+    if (run_dir / "wandb.json").is_file() and not force:
+        return False
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    wb = WandbLogger(tracking_cfg, cfg, run_dir.name, **labels_for(cfg))
+    if wb.run is None:
+        return False
+    lines = (run_dir / "examples.jsonl").read_text().splitlines() if (run_dir / "examples.jsonl").is_file() else []
+    for i, line in enumerate(x for x in lines if x.strip()):
+        wb.log_example(i, json.loads(line))
+    wb.log_run(summary, run_dir)
+    wb.finish()
+    return True

@@ -1,0 +1,175 @@
+"""What every report shares: the report registry, collecting an exp's runs with their matched
+``ar`` runs, repeats as mean ± 95% CI, and writing tables/figures with their source lists.
+
+Outputs go to ``<out>/<scale>/`` with the scale in every title; each lists its runs, the ``ar``
+run each speedup used, the missing cells and the command creating a missing ``ar`` run
+(``<name>.sources.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from scipy import stats
+
+from viasd.experiments import compose_cells_with_overrides
+from viasd.registry import Registry
+from viasd.report.baseline import (
+    ar_index,
+    matched_ar,
+    quality,
+    speedup,
+    tier_shares,
+)
+from viasd.runner import identity
+from viasd.tracking.store import RunStore, atomic_write_json, atomic_write_text, run_id_for
+
+REPORTS: Registry[Callable[..., list[str]]] = Registry("report")
+
+__all__ = ["REPORTS", "collect", "quality", "tier_shares", "mean_ci", "stat", "Stat", "repeat_groups"]
+
+
+def collect(exp: str, scale: str, store: RunStore, overrides: list[str] | None = None) -> tuple[list[dict], list[str]]:
+    """Finished runs of every cell of ``exp`` at ``scale`` and the run ids of missing cells.
+
+    Each run: ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict),
+    ``summary``, ``ar`` (the matched ``ar`` run dict or None), ``speedup`` (vs that run),
+    ``ar_command`` (the command creating the missing ``ar`` run, else None).
+    """
+    index = ar_index(store)
+    base = [o for o in (overrides or []) if not o.lstrip("+").startswith(("exp=", "exp.scale="))]
+    runs, missing = [], []
+    for cell, cfg in compose_cells_with_overrides(base, exp_name=exp, scale=scale):
+        ident = identity(cfg)
+        rid = run_id_for(ident)
+        if not store.is_finished(rid):
+            missing.append(rid)
+            continue
+        summary = json.loads((store.path(rid) / "summary.json").read_text())
+        timed = OmegaConf.select(cfg, "exp.entry", default="run") == "run"  # search/kl runs have no speedup
+        ar = {"run_id": rid, "summary": summary} if summary.get("method") == "ar" else \
+            (matched_ar(ident, index) if timed else None)
+        cmd = None
+        if ar is None and timed:
+            keep = [o for o in base + cell if not o.split("=", 1)[0].lstrip("+~").startswith("method")]
+            cmd = "python -m experiments.run method=ar " + " ".join(keep)
+        runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary, "ar": ar,
+                     "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd})
+    return runs, missing
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width of the 95% CI)`` of repeat values (Student t; half-width 0 for one value)."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return math.nan, math.nan
+    if len(vals) == 1:
+        return vals[0], 0.0
+    sem = statistics.stdev(vals) / math.sqrt(len(vals))
+    return statistics.fmean(vals), float(stats.t.ppf(0.975, len(vals) - 1) * sem)
+
+
+def repeat_groups(runs: list[dict]) -> list[list[dict]]:
+    """Runs grouped by identity without ``seed`` (repeats of one cell), in first-seen order."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        key = json.dumps({k: v for k, v in r["identity"].items() if k not in ("seed", "exp")}, sort_keys=True,
+                         default=str)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+class Stat(float):
+    """A mean that prints as ``mean ± ci`` when it came from several repeats."""
+
+    def __new__(cls, mean: float, ci: float = 0.0, n: int = 1):
+        obj = super().__new__(cls, mean)
+        obj.ci, obj.n = ci, n
+        return obj
+
+
+def stat(values: list[float]) -> Stat:
+    """Mean ± 95% CI of repeat values as a :class:`Stat`."""
+    m, ci = mean_ci(values)
+    n = sum(1 for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
+    return Stat(m, ci, n)
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, Stat) and v.n > 1:
+        return f"{float(v):.{digits}f} ± {v.ci:.{digits}f}"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _sources(runs: list[dict], missing: list[str], scale: str) -> dict[str, Any]:
+    return {"scale": scale, "runs": [r["run_id"] for r in runs], "missing": missing,
+            "baselines": {r["run_id"]: (r["ar"] or {}).get("run_id") for r in runs},
+            "missing_ar": sorted({r["ar_command"] for r in runs if r["ar_command"]})}
+
+
+def write_table(out: Path, name: str, title: str, header: list[str], rows: list[list[Any]], runs: list[dict],
+                missing: list[str], note: str = "", scale: str = "") -> list[str]:
+    """Write ``name.md`` and ``name.tex`` plus ``name.sources.json``; returns the paths."""
+    title = f"{title} ({scale} scale)" if scale else title
+    src = _sources(runs, missing, scale)
+    md = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    md += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
+    md += ["", f"Runs: {len(runs)} from the run store" + (f"; missing cells: {len(missing)}" if missing else "") + "."
+           + (" Values are mean ± 95% CI over seeds." if any(isinstance(c, Stat) and c.n > 1 for r in rows for c in r)
+              else "")]
+    if note:
+        md += ["", note]
+    md += ["", "Source runs: " + ", ".join(f"`{r['run_id']}`" for r in runs)]
+    ars = sorted({v for v in src["baselines"].values() if v})
+    if ars:
+        md += ["", "Speedups are against the ar runs of the identical workload: " + ", ".join(f"`{a}`" for a in ars)]
+    if src["missing_ar"]:
+        md += ["", "No matched ar run for some cells (speedup –); create them with:", ""]
+        md += [f"    {c}" for c in src["missing_ar"]]
+    esc = lambda s: str(s).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("±", r"$\pm$")  # noqa: E731
+    tex = [r"\begin{table}[t]", r"\centering", r"\caption{" + esc(title) + "}", r"\begin{tabular}{" + "l" * len(header) + "}",
+           r"\toprule", " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
+    tex += [" & ".join(esc(_fmt(c)) for c in r) + r" \\" for r in rows]
+    tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
+    atomic_write_text(out / f"{name}.tex", "\n".join(tex) + "\n")
+    atomic_write_json(out / f"{name}.sources.json", src)
+    return [str(out / f"{name}.md"), str(out / f"{name}.tex")]
+
+
+def save_figure(fig, out: Path, name: str, runs: list[dict], missing: list[str], scale: str = "") -> list[str]:
+    """Save a matplotlib figure as PNG and PDF with its source list (scale added to the title)."""
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    if scale and fig._suptitle is None:
+        fig.suptitle(f"{scale} scale", fontsize=7, x=0.01, ha="left", color="gray")
+    fig.text(0.99, 0.995, f"{len(runs)} runs from the run store", ha="right", va="top", fontsize=6, color="gray")
+    no_ar = sum(1 for r in runs if r.get("ar_command"))
+    if no_ar:
+        fig.text(0.99, 0.965, f"{no_ar} runs without a matched ar run (no speedup): see {name}.sources.json",
+                 ha="right", va="top", fontsize=6, color="C3")
+    paths = []
+    for ext in ("png", "pdf"):
+        fig.savefig(out / f"{name}.{ext}", dpi=150, bbox_inches="tight")
+        paths.append(str(out / f"{name}.{ext}"))
+    plt.close(fig)
+    atomic_write_json(out / f"{name}.sources.json", _sources(runs, missing, scale))
+    return paths
+
+
+def _label(r: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={OmegaConf.select(r['config'], k)}" for k in keys)
+
+

@@ -1,0 +1,199 @@
+"""Figures (PNG + PDF): legends outside the data, × on speedup axes, labelled ar = 1× lines,
+integer γ ticks, error bars over seeds."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from viasd.report.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
+from viasd.report.common import REPORTS, Stat, _label, repeat_groups, save_figure, stat
+from viasd.tracking.store import RunStore
+
+
+def _plot_setup():
+    """seaborn's paper theme; the backend is left to matplotlib (inline in notebooks, Agg headless)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt, sns
+
+
+def _legend_outside(ax, **kw) -> None:
+    """A legend to the right of the axes, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, **kw)
+
+
+def _ar_line(ax, axis: str = "x") -> None:
+    """The ``ar`` = 1× reference line, labelled."""
+    (ax.axvline if axis == "x" else ax.axhline)(1.0, color="gray", lw=0.8, ls="--", label="ar (1×)")
+
+
+def _series(runs: list[dict], xkey: str) -> tuple[list[Any], list[Stat]]:
+    """``(x values, speedup Stats)`` over repeat groups, sorted by the config value at ``xkey``."""
+    groups = sorted(repeat_groups(runs), key=lambda g: OmegaConf.select(g[0]["config"], xkey))
+    return ([OmegaConf.select(g[0]["config"], xkey) for g in groups], [stat([r["speedup"] for r in g]) for g in groups])
+
+
+@REPORTS.register("fig_kl")
+def fig_kl(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    tasks = [r["summary"]["task"] for r in runs]
+    direct = [r["summary"]["kl_p_q"] for r in runs]
+    via = [r["summary"]["kl_p_slim"] + r["summary"]["kl_slim_q"] for r in runs]
+    x = range(len(runs))
+    ax.bar([i - 0.2 for i in x], direct, 0.4, label="KL(p||q)")
+    ax.bar([i + 0.2 for i in x], via, 0.4, label="KL(p||q') + KL(q'||q)")
+    ax.set_xticks(list(x), tasks, rotation=20)
+    ax.set_ylabel("nats / token")
+    _legend_outside(ax)
+    ax.set_title(f"KL geometry of the routed slim verifier ({scale})")
+    return save_figure(fig, out, "fig_kl", runs, missing, scale)
+
+
+@REPORTS.register("fig_tiers")
+def fig_tiers(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    groups = repeat_groups(runs)
+    labels = [g[0]["summary"]["task"] for g in groups]
+    shares = [{t: stat([tier_shares(r["summary"])[t] for r in g]) for t in ("tier1", "tier2", "tier3")} for g in groups]
+    bottom = [0.0] * len(groups)
+    names = {"tier1": "tier 1: draft accepted", "tier2": "tier 2: slim rewrote", "tier3": "tier 3: full model"}
+    for tier in ("tier1", "tier2", "tier3"):
+        vals = [float(s[tier]) for s in shares]
+        ax.bar(labels, vals, bottom=bottom, label=names[tier], yerr=[s[tier].ci for s in shares], capsize=2)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("share of emitted tokens")
+    _legend_outside(ax)
+    ax.set_title(f"VIA-SD: tokens per tier ({scale})")
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    return save_figure(fig, out, "fig_tiers", runs, missing, scale)
+
+
+def _ref_runs(runs: list[dict], store: RunStore) -> list[dict]:
+    """The finished sd runs of the frontier's workload (for labelled reference points)."""
+    keys = {workload_key(r["identity"]) for r in runs}
+    out = []
+    for x in store.finished_runs():
+        if x["summary"].get("method", "").startswith("sd") and workload_key(x["config"]) in keys:
+            out.append(x)
+    return out
+
+
+@REPORTS.register("fig_thresholds")
+def fig_thresholds(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    index = ar_index(store)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for g in repeat_groups(runs):
+        sp = stat([r["speedup"] for r in g])
+        q = stat([quality(r["summary"])[1] for r in g])
+        ax.errorbar(float(sp), float(q), xerr=sp.ci, yerr=q.ci, fmt="o", color="C0", ms=4, capsize=2)
+        ax.annotate(_label(g[0], ["method.tau_accept", "method.tau_slim"]).replace("tau_", "τ"), (float(sp), float(q)),
+                    fontsize=5)
+    for x in _ref_runs(runs, store):
+        s = x["summary"]
+        ar = matched_ar(x["config"], index)
+        m = x["config"].get("method", {})
+        ax.scatter(speedup(s, (ar or {}).get("summary")), quality(s)[1], marker="x", color="C3",
+                   label=f"{s['method']} γ={m.get('gamma')}, drafter={(m.get('drafter') or {}).get('name')}")
+    _ar_line(ax)
+    ax.set_xlabel("speedup over ar (×)")
+    ax.set_ylabel(quality(runs[0]["summary"])[0] if runs else "quality")
+    ax.set_title(f"Speed–quality frontier over τ_accept × τ_slim ({scale})")
+    _legend_outside(ax)
+    return save_figure(fig, out, "fig_thresholds", runs, missing, scale)
+
+
+@REPORTS.register("fig_gamma")
+def fig_gamma(runs, missing, out, store, scale):
+    from matplotlib.ticker import MaxNLocator
+
+    plt, sns = _plot_setup()
+    fig, axes = plt.subplots(1, 2, figsize=(7.5, 3))
+    for method in sorted({r["summary"]["method"] for r in runs}):
+        rs = [r for r in runs if r["summary"]["method"] == method]
+        g, sp = _series(rs, "method.gamma")
+        axes[0].errorbar(g, [float(v) for v in sp], yerr=[v.ci for v in sp], marker="o", capsize=2, label=method)
+        groups = sorted(repeat_groups(rs), key=lambda gr: OmegaConf.select(gr[0]["config"], "method.gamma"))
+        rej = [stat([r["summary"].get("rejection_rate") for r in gr]) for gr in groups]
+        axes[1].errorbar(g, [float(v) for v in rej], yerr=[v.ci for v in rej], marker="o", capsize=2, label=method)
+    _ar_line(axes[0], "y")
+    axes[0].set(xlabel="γ", ylabel="speedup over ar (×)")
+    axes[1].set(xlabel="γ", ylabel="rejection rate")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend().remove()
+    _legend_outside(axes[1], handles=axes[0].get_legend_handles_labels()[0])  # methods and the ar line
+    fig.suptitle(f"speedup and rejection vs γ ({scale})", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, out, "fig_gamma", runs, missing, scale)
+
+
+@REPORTS.register("fig_keep_ratio")
+def fig_keep_ratio(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    k, sp = _series(runs, "method.slim.keep_ratio")
+    groups = sorted(repeat_groups(runs), key=lambda g: OmegaConf.select(g[0]["config"], "method.slim.keep_ratio"))
+    t3 = [stat([tier_shares(r["summary"])["tier3"] for r in g]) for g in groups]
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3))
+    axes[0].errorbar(k, [float(v) for v in sp], yerr=[v.ci for v in sp], marker="o", capsize=2, label="viasd")
+    axes[1].errorbar(k, [float(v) for v in t3], yerr=[v.ci for v in t3], marker="o", capsize=2)
+    _ar_line(axes[0], "y")
+    _legend_outside(axes[0])
+    axes[0].set(xlabel="slim keep ratio", ylabel="speedup over ar (×)")
+    axes[1].set(xlabel="slim keep ratio", ylabel="share of tokens escalated (tier 3)")
+    fig.suptitle(f"VIA-SD vs slim keep ratio ({scale})", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, out, "fig_keep_ratio", runs, missing, scale)
+
+
+@REPORTS.register("fig_dimr")
+def fig_dimr(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for r in runs:
+        # Screening drops one layer at a time: those masks are not of the searched budget, so
+        # they seed the search but do not count towards its best-so-far curve.
+        trials = [t for t in store.examples(r["run_id"]) if t["phase"] != "screen"]
+        best, ys = math.inf, []
+        for t in trials:
+            best = min(best, t["objective"])
+            ys.append(best)
+        line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f} (best so far)")
+        ax.scatter(range(len(trials)), [t["objective"] for t in trials], s=6, alpha=0.4, color=line.get_color())
+        first_bo = next((j for j, t in enumerate(trials) if t["phase"] == "bo"), None)
+        if first_bo is not None:  # where the Bayesian-optimization phase starts
+            ax.axvline(first_bo - 0.5, color=line.get_color(), lw=0.6, ls=":")
+    ax.set(xlabel="masks of the budget evaluated (random phase | Bayesian optimization ··)",
+           ylabel="objective (dots: each mask)", yscale="log")
+    _legend_outside(ax)
+    ax.set_title(f"DIMR search convergence ({scale})")
+    return save_figure(fig, out, "fig_dimr", runs, missing, scale)
+
+
+@REPORTS.register("fig_gap")
+def fig_gap(runs, missing, out, store, scale):
+    plt, sns = _plot_setup()
+    by_pair: dict[str, dict[str, Stat]] = {}
+    for g in repeat_groups(runs):
+        s = g[0]["summary"]
+        by_pair.setdefault(s["pair"], {})[s["method"]] = stat([r["speedup"] for r in g])
+    pairs = list(by_pair)
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for m in ("sd", "viasd"):
+        vals = [by_pair[p].get(m, Stat(math.nan)) for p in pairs]
+        ax.errorbar(pairs, [float(v) for v in vals], yerr=[getattr(v, "ci", 0.0) for v in vals], marker="o",
+                    capsize=2, label=m)
+    _ar_line(ax, "y")
+    ax.set(xlabel="pair (growing verifier/draft capacity gap)", ylabel="speedup over ar (×)")
+    _legend_outside(ax)
+    ax.set_title(f"gain vs capacity gap ({scale})")
+    return save_figure(fig, out, "fig_gap", runs, missing, scale)
+
+

@@ -1,0 +1,63 @@
+"""Tables 1–5 (Markdown + LaTeX): DIMR search, and method tables with mean ± 95% CI over seeds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from viasd.report.baseline import quality, target_calls_per_token
+from viasd.report.common import REPORTS, _fmt, _label, repeat_groups, stat, write_table
+from viasd.tracking.store import RunStore
+
+
+@REPORTS.register("table1")
+def table1(runs, missing, out: Path, store: RunStore, scale: str) -> list[str]:
+    rows = []
+    for r in runs:
+        s = r["summary"]
+        rnd = [b["kl_q_slim"] for b in s.get("baselines", {}).get("random", [])]
+        fk = s.get("baselines", {}).get("first_k", {})
+        eo = s.get("baselines", {}).get("every_other", {})
+        rows.append([s["pair"], f"{s['budget']}/{s['n_layers']}", s["objective"], str(s["layers"]), s["kl_q_slim"],
+                     s["top1_agreement"], min(rnd) if rnd else math.nan, fk.get("kl_q_slim"), eo.get("kl_q_slim"),
+                     s["search_seconds"] / 60, s["n_trials"]])
+    return write_table(out, "table1", "Table 1 — DIMR search per pair and budget",
+                       ["pair", "kept", "objective", "kept layers", "KL(q||q')", "top-1 agr.", "best of random KL",
+                        "first_k KL", "every_other KL", "search min", "trials"], rows, runs, missing, scale=scale)
+
+
+def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, extra_keys: list[str]) -> list[str]:
+    rows = []
+    for group in sorted(repeat_groups(runs), key=lambda g: (g[0]["summary"]["pair"], g[0]["summary"]["task"])):
+        s = group[0]["summary"]
+        qname, _ = quality(s)
+        rows.append([s["pair"], s["task"], s["method"] + (f" ({_label(group[0], extra_keys)})" if extra_keys else ""),
+                     len(group), stat([r["summary"].get("rejection_rate") for r in group]),
+                     stat([target_calls_per_token(r["summary"]) for r in group]),
+                     stat([r["speedup"] for r in group]), stat([r["summary"].get("tokens_per_s") for r in group]),
+                     f"{qname}={_fmt(stat([quality(r['summary'])[1] for r in group]), 2)}" if qname else "–"])
+    return write_table(out, name, title, ["pair", "task", "method", "seeds", "rejection rate", "full-model calls/token",
+                                          "speedup vs ar (×)", "tokens/s", "quality"], rows, runs, missing, scale=scale)
+
+
+@REPORTS.register("table2")
+def table2(runs, missing, out, store, scale):
+    return _method_table("table2", "Table 2 — main results", runs, missing, out, scale, [])
+
+
+@REPORTS.register("table3")
+def table3(runs, missing, out, store, scale):
+    return _method_table("table3", "Table 3 — encoder-decoder (T5)", runs, missing, out, scale, [])
+
+
+@REPORTS.register("table4")
+def table4(runs, missing, out, store, scale):
+    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale, ["method.slim.mask"])
+
+
+@REPORTS.register("table5")
+def table5(runs, missing, out, store, scale):
+    return _method_table("table5", "Table 5 — VIA-SD over each drafter", runs, missing, out, scale,
+                         ["method.drafter.name"])
+
+

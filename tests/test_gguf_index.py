@@ -146,7 +146,7 @@ def test_real_qwen_pair_folders_verify_and_share_a_tokenizer() -> None:
 def test_real_qwen_draft_writes_code() -> None:
     _converted("qwen2.5-coder-0.5b-instruct")
     model, tok = load_index_model("qwen2.5-coder-0.5b-instruct", progress=False)
-    assert model.config.num_hidden_layers == 24 and model.config.tie_word_embeddings
+    assert model.config.num_hidden_layers == 24 and model.config.vocab_size == 151936
     ids = tok.apply_chat_template(
         [{"role": "user", "content": "Write a Python function add(a, b) that returns a + b."}],
         add_generation_prompt=True, return_tensors="pt", return_dict=True,

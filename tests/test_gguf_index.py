@@ -18,6 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from viasd.errors import ConfigError
+from viasd.models import artifacts
 from viasd.models.artifacts import verify_manifest
 from viasd.models.gguf_index import (
     INDEX_MODELS,
@@ -154,3 +155,18 @@ def test_real_qwen_draft_writes_code() -> None:
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=24, do_sample=False)
     assert "def add" in tok.decode(out[0, ids.shape[1] :])
+
+
+def test_verified_stamp_skips_rehash_only_for_untouched_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(b"x" * 4096)
+    artifacts.write_manifest(folder, {})
+    assert artifacts.verify_manifest(folder) is None  # full hash, then the stamp is written
+    assert (folder / artifacts.VERIFIED).is_file()
+    calls = []
+    monkeypatch.setattr(artifacts, "sha256_file", lambda p: calls.append(p) or "0")
+    assert artifacts.verify_manifest(folder) is None and calls == []  # untouched: no rehash
+    monkeypatch.undo()
+    (folder / "w.bin").write_bytes(b"y" * 4096)  # same size, rewritten: the stat changes
+    assert "sha256 mismatch" in artifacts.verify_manifest(folder)

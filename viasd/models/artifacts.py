@@ -23,6 +23,7 @@ from filelock import FileLock
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+VERIFIED = ".verified.json"  # stat of each file when it last hashed sound (not in the manifest)
 
 
 def say(progress: bool, msg: str) -> None:
@@ -47,7 +48,7 @@ def write_manifest(folder: Path, extra: dict) -> dict:
     """
     files = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
+        if p.is_file() and p.name not in (MANIFEST, VERIFIED):
             rel = p.relative_to(folder).as_posix()
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     manifest = {"format": MANIFEST_FORMAT, "files": files, **extra}
@@ -59,11 +60,19 @@ def write_manifest(folder: Path, extra: dict) -> dict:
     return manifest
 
 
+def _stat_key(p: Path) -> list[int]:
+    st = p.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
 def verify_manifest(folder: Path) -> str | None:
     """Check ``folder`` against its manifest; return ``None`` if sound, else what is wrong.
 
     Checks: the manifest exists and parses, every listed file exists with the recorded size
-    and sha256 (full hash of every file, not a sample).
+    and sha256 (full hash of every file, not a sample). A file hashed sound before is not
+    hashed again while its (size, mtime, inode) equal those recorded in ``.verified.json`` at
+    that time, so cached multi-GB models load without re-reading them; any rewrite, truncation
+    or replacement changes the stat and forces the full hash.
     """
     mpath = folder / MANIFEST
     if not folder.is_dir():
@@ -79,6 +88,11 @@ def verify_manifest(folder: Path) -> str | None:
         return f"manifest format {manifest.get('format')} != {MANIFEST_FORMAT}"
     if not files:
         return "manifest lists no files"
+    try:
+        stamp = json.loads((folder / VERIFIED).read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    fresh = {}
     for rel, meta in files.items():
         p = folder / rel
         if not p.is_file():
@@ -86,8 +100,15 @@ def verify_manifest(folder: Path) -> str | None:
         size = p.stat().st_size
         if size != meta["size"]:
             return f"size mismatch for {rel}: {size} bytes on disk, {meta['size']} in the manifest"
-        if sha256_file(p) != meta["sha256"]:
+        key = _stat_key(p) + [meta["sha256"]]
+        if stamp.get(rel) != key and sha256_file(p) != meta["sha256"]:
             return f"sha256 mismatch for {rel}"
+        fresh[rel] = key
+    if fresh != stamp:
+        with contextlib.suppress(OSError):  # a read-only cache just hashes again next time
+            tmp = folder / (VERIFIED + f".{os.getpid()}")
+            tmp.write_text(json.dumps(fresh))
+            os.replace(tmp, folder / VERIFIED)
     return None
 
 

@@ -420,15 +420,20 @@ def load_index_model(
 def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
     """Raise a ConfigError naming both models unless ``a`` and ``b`` tokenize identically.
 
-    Compares the vocabularies, special tokens, chat templates and the ids of a sample text.
+    Compares the vocabularies, special tokens, the ids of a sample text and of a chat rendered
+    with each template (templates may differ in parts a plain chat never reaches, e.g. tools).
     """
     sample = "def add(a, b):\n    return a + b  # ünïcode ✓\n<|im_start|>user"
     checks = {
         "vocabulary": a.get_vocab() == b.get_vocab(),
         "special tokens": a.all_special_tokens == b.all_special_tokens,
-        "chat template": a.chat_template == b.chat_template,
         "sample encoding": a(sample).input_ids == b(sample).input_ids,
     }
+    if a.chat_template != b.chat_template:
+        chat = [{"role": "user", "content": sample}]
+        render = [t.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) if t.chat_template else None
+                  for t in (a, b)]  # fmt: skip
+        checks["rendered chat"] = render[0] == render[1]
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
         raise ConfigError(f"tokenizers of {names[0]} and {names[1]} differ ({', '.join(bad)}); pick models of one family")

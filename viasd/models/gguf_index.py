@@ -309,6 +309,7 @@ def convert_gguf(spec: IndexModel, gguf_path: Path, out_dir: Path, source: str, 
         plain.update(dtype="float32", architectures=[spec.architecture])
         cls.config_class(**plain).save_pretrained(tmp)
         save_model(gguf_model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(tmp / "model.safetensors", 0o644)  # safetensors creates it 0600
         gen = gguf_model.generation_config
         gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
             tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)  # fmt: skip

@@ -157,7 +157,9 @@ def test_real_qwen_draft_writes_code() -> None:
     assert "def add" in tok.decode(out[0, ids.shape[1] :])
 
 
-def test_verified_stamp_skips_rehash_only_for_untouched_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verified_stamp_skips_rehash_only_for_untouched_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "w.bin").write_bytes(b"x" * 4096)

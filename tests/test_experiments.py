@@ -59,7 +59,7 @@ def test_cell_expansion_order_and_product():
 
 
 @pytest.mark.parametrize("exp", EXPS)
-def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch):
+def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch, synthetic_data):
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     assert run_exp([f"+exp={exp}", "exp.scale=smoke"]) == 0
     store = RunStore(runs_dir)
@@ -72,9 +72,10 @@ def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch):
     assert all(Path(p).is_file() for p in res[exp])
 
 
-def test_killed_grid_resumes_without_redoing_or_losing_runs(tmp_path):
+def test_killed_grid_resumes_without_redoing_or_losing_runs(tmp_path, synthetic_data_dir):
     runs = tmp_path / "runs"
-    env = {**os.environ, "VIASD_RUNS_DIR": str(runs), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "VIASD_RUNS_DIR": str(runs), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+           "VIASD_DATA_DIR": str(synthetic_data_dir)}
     cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_gamma", "exp.scale=smoke", "generation.max_new_tokens=24"]
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240

@@ -13,7 +13,7 @@ NOTEBOOKS = sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes(path, runs_dir, monkeypatch):
+def test_notebook_executes(path, runs_dir, monkeypatch, synthetic_data):
     monkeypatch.setenv("VIASD_NOTEBOOK_SCALE", "smoke")
     assert run_exp(["+exp=table4", "exp.scale=smoke"]) == 0
     nb = nbformat.read(path, as_version=4)

@@ -68,11 +68,7 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
 
 @pytest.mark.parametrize("task", ["xsum", "cnndm", "wmt14_deen", "gsm8k", "nq_open", "squad", "humaneval", "mbpp",
                                   "specbench"])
-def test_every_task_runs_end_to_end(task, runs_dir):
-    from viasd.paths import data_dir
-
-    if data_dir(required=False) is None:
-        pytest.skip("offline data folder not found; set VIASD_DATA_DIR")
+def test_every_task_runs_end_to_end(task, runs_dir, any_data):
     s = run(_cfg("pair=tiny-llama", "method=sd", f"task={task}", "task.n_examples=2", "generation.max_new_tokens=4"))
     assert s["n_examples"] == 2 and s["task"] == task
     rows = [json.loads(x) for x in (runs_dir / s["run_id"] / "examples.jsonl").read_text().splitlines()]

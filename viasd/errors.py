@@ -3,7 +3,8 @@
 Every error a user can cause by configuration or input (an unknown method, a vocabulary
 mismatch, an out-of-range threshold, a missing data file, ...) is raised as a
 :class:`ConfigError` whose message names the fix. Entry points catch it and print one line
-instead of a traceback.
+instead of a traceback. A Ctrl-C inside a run becomes :class:`RunInterrupted`, which carries
+the partial run's folder so the entry point can say where it was left.
 """
 
 from __future__ import annotations
@@ -17,3 +18,11 @@ def check(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; ``path`` is the run folder left without ``summary.json``."""
+
+    def __init__(self, path: object):
+        super().__init__(f"interrupted: partial run left at {path}, not marked finished")
+        self.path = path

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from viasd.config import GenerationConfig, to_dataclass
 from viasd.decoding.api import METHODS, decode, method_config
 from viasd.decoding.result import DecodeResult
+from viasd.errors import RunInterrupted
 from viasd.tracking.store import RunStore, run_id_for
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                  "reference": ex.reference, "token_ids": res.tokens, **res.summary()})
             bar.set_postfix(tok_s=f"{res.tokens_per_s:.1f}", rej=f"{res.rejection_rate:.2f}")
         corpus, per_example = task.score(predictions, examples)
+    except KeyboardInterrupt as e:
+        run_dir.abort()
+        wb.finish(failed=True)
+        raise RunInterrupted(run_dir.path) from e
     except BaseException:
         run_dir.abort()
         wb.finish(failed=True)

@@ -26,7 +26,8 @@ else
 TORCH_KIND := $(TORCH)
 endif
 ifeq ($(TORCH_KIND),cpu)
-TORCH_PIP_ARGS := --extra-index-url $(TORCH_INDEX)
+# torch alone from the CPU index; its dependencies come from the package index with the project's.
+TORCH_PIP_ARGS := --no-deps --extra-index-url $(TORCH_INDEX)
 else ifeq ($(TORCH_KIND),cuda)
 TORCH_PIP_ARGS :=
 else

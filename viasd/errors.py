@@ -14,6 +14,16 @@ class ConfigError(ValueError):
     """Bad user input or configuration; the message says how to fix it."""
 
 
+def no_draft_model(what: str, pair_name: str, model_free_ok: bool = False) -> ConfigError:
+    """The error for ``what`` needing a draft model that pair ``pair_name`` lacks, naming the fixes."""
+    alt = "; or use a model-free drafter: method.drafter.name=ngram" if model_free_ok else ""
+    return ConfigError(
+        f"{what} needs a draft model and pair {pair_name!r} has none; add pair.options.draft=trained "
+        f"(smollm2: the distilled draft, built on first use, about 20 min on 2 cores, or ahead with "
+        f"`python -m experiments.build_draft`) or pick a pair with a draft (e.g. pair=tiny-llama){alt}"
+    )
+
+
 def check(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:

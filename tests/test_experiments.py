@@ -115,3 +115,14 @@ def test_wandb_online_without_credentials_degrades_with_one_warning(runs_dir, tm
     assert summary["n_examples"] == 1
     assert RunStore(runs_dir).is_finished(summary["run_id"])
     assert OmegaConf.select(cfg, "tracking.wandb.mode") == "online"
+
+
+def test_grid_with_missing_data_stops_before_the_first_cell_with_one_line(tmp_path):
+    env = {**os.environ, "VIASD_RUNS_DIR": str(tmp_path / "runs"), "WANDB_MODE": "disabled",
+           "VIASD_DATA_DIR": str(tmp_path / "no-data")}
+    r = subprocess.run([sys.executable, "-m", "experiments.run", "+exp=table2", "exp.scale=smoke"], cwd=PROJECT_ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and "VIASD_DATA_DIR" in errors[0], r.stderr
+    assert "(1/" not in r.stdout and not (tmp_path / "runs").exists()

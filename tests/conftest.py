@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny pairs of the four families (built once per session), quiet logs."""
+"""Shared fixtures: tiny pairs of the four families (built once per session), synthetic offline
+data (written once per session), the real data folder when present, quiet logs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 import transformers
 
+from tests.helpers.synthetic_data import write_synthetic_data
 from viasd.models.pairs import load_pair
+from viasd.paths import data_dir
 
 transformers.logging.set_verbosity_error()
 torch.set_num_threads(1)
@@ -30,6 +33,37 @@ def tiny_pair(family: str):
 @pytest.fixture(params=FAMILIES)
 def family_pair(request):
     return tiny_pair(request.param)
+
+
+# The real offline data folder (VIASD_DATA_DIR, or ../shared/data), resolved before any test
+# changes the environment; None on a fresh clone.
+REAL_DATA_DIR = data_dir(required=False)
+needs_real_data = pytest.mark.skipif(
+    REAL_DATA_DIR is None,
+    reason="real offline data folder not found (set VIASD_DATA_DIR or place it at ../shared/data); "
+    "the synthetic-data tests cover the same code",
+)
+
+
+@pytest.fixture(scope="session")
+def synthetic_data_dir(tmp_path_factory):
+    """A folder of synthetic offline files in the real files' layout (tests/helpers/synthetic_data.py)."""
+    return write_synthetic_data(tmp_path_factory.mktemp("synthetic_data"))
+
+
+@pytest.fixture
+def synthetic_data(synthetic_data_dir, monkeypatch):
+    """Point ``VIASD_DATA_DIR`` at the synthetic data for one test."""
+    monkeypatch.setenv("VIASD_DATA_DIR", str(synthetic_data_dir))
+    return synthetic_data_dir
+
+
+@pytest.fixture(params=["synthetic", pytest.param("real", marks=needs_real_data)])
+def any_data(request, synthetic_data_dir, monkeypatch):
+    """``VIASD_DATA_DIR`` set to the synthetic data, then to the real folder (skipped when absent)."""
+    d = synthetic_data_dir if request.param == "synthetic" else REAL_DATA_DIR
+    monkeypatch.setenv("VIASD_DATA_DIR", str(d))
+    return d
 
 
 @pytest.fixture

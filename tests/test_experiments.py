@@ -59,7 +59,7 @@ def test_cell_expansion_order_and_product():
 
 
 @pytest.mark.parametrize("exp", EXPS)
-def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch):
+def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch, synthetic_data):
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     assert run_exp([f"+exp={exp}", "exp.scale=smoke"]) == 0
     store = RunStore(runs_dir)
@@ -72,9 +72,10 @@ def test_exp_smoke_runs_and_reports(exp, runs_dir, tmp_path, monkeypatch):
     assert all(Path(p).is_file() for p in res[exp])
 
 
-def test_killed_grid_resumes_without_redoing_or_losing_runs(tmp_path):
+def test_killed_grid_resumes_without_redoing_or_losing_runs(tmp_path, synthetic_data_dir):
     runs = tmp_path / "runs"
-    env = {**os.environ, "VIASD_RUNS_DIR": str(runs), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "VIASD_RUNS_DIR": str(runs), "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+           "VIASD_DATA_DIR": str(synthetic_data_dir)}
     cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_gamma", "exp.scale=smoke", "generation.max_new_tokens=24"]
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
@@ -114,3 +115,14 @@ def test_wandb_online_without_credentials_degrades_with_one_warning(runs_dir, tm
     assert summary["n_examples"] == 1
     assert RunStore(runs_dir).is_finished(summary["run_id"])
     assert OmegaConf.select(cfg, "tracking.wandb.mode") == "online"
+
+
+def test_grid_with_missing_data_stops_before_the_first_cell_with_one_line(tmp_path):
+    env = {**os.environ, "VIASD_RUNS_DIR": str(tmp_path / "runs"), "WANDB_MODE": "disabled",
+           "VIASD_DATA_DIR": str(tmp_path / "no-data")}
+    r = subprocess.run([sys.executable, "-m", "experiments.run", "+exp=table2", "exp.scale=smoke"], cwd=PROJECT_ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+    assert len(errors) == 1 and "VIASD_DATA_DIR" in errors[0], r.stderr
+    assert "(1/" not in r.stdout and not (tmp_path / "runs").exists()

@@ -12,8 +12,9 @@ import textwrap
 import pytest
 import sacrebleu
 
+from tests.conftest import REAL_DATA_DIR
 from viasd.errors import ConfigError
-from viasd.paths import PROJECT_ROOT, data_dir
+from viasd.paths import PROJECT_ROOT
 from viasd.tasks import sandbox
 from viasd.tasks.metrics import available_metrics, load_metric
 from viasd.tasks.scoring import (
@@ -26,9 +27,6 @@ from viasd.tasks.scoring import (
     split_sentences,
 )
 
-needs_data = pytest.mark.skipif(
-    data_dir(required=False) is None, reason="offline data folder not found (set VIASD_DATA_DIR)"
-)
 needs_sandbox = pytest.mark.skipif(
     sandbox._isolation()[0] is None, reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})"
 )
@@ -289,14 +287,13 @@ def test_code_pass_at_1_metric_small():
     assert [r["status"] for r in out["results"]] == ["passed", "failed", "failed"]
 
 
-@needs_data
 @needs_sandbox
-def test_humaneval_canonical_solutions_all_pass_and_wrong_fails():
+def test_humaneval_canonical_solutions_all_pass_and_wrong_fails(any_data):
     from viasd.tasks import build_task
 
     task = build_task({"name": "humaneval", "n_examples": None})
     examples = task.examples()
-    assert len(examples) == 164
+    assert len(examples) == (164 if any_data == REAL_DATA_DIR else 12)
     corpus, per = task.score([e.meta["canonical_solution"] for e in examples], examples)
     failing = [e.id for e, p in zip(examples, per, strict=True) if p["pass@1"] != 100.0]
     assert failing == [] and corpus["pass@1"] == 100.0

@@ -16,7 +16,7 @@ NOTEBOOKS = sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes_and_shows_images(path, runs_dir, tmp_path, monkeypatch):
+def test_notebook_executes_and_shows_images(path, runs_dir, tmp_path, monkeypatch, synthetic_data):
     monkeypatch.setenv("VIASD_NOTEBOOK_SCALE", "smoke")
     monkeypatch.setenv("VIASD_NOTEBOOK_OVERRIDES", "task=prompts")
     monkeypatch.setenv("VIASD_NOTEBOOK_OUT", str(tmp_path / "figs"))

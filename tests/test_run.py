@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -53,6 +55,8 @@ def test_user_prompt_files(suffix, content, runs_dir, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["method.name=sdd"], "unknown method 'sdd'. Did you mean 'sd'?"),
     (["method.gamma=0"], "gamma must be >= 1"),
+    (["method.gamma=abc"], "method.gamma must be an integer, got 'abc'"),
+    (["method=viasd", "method.tau_accept=high"], "method.tau_accept must be a number"),
     (["generation.temperature=-1"], "temperature must be >= 0"),
     (["generation.max_new_tokens=0"], "max_new_tokens must be >= 1"),
     (["task=prompts", "task.path=/nonexistent/prompts.jsonl"], "/nonexistent/prompts.jsonl"),
@@ -69,11 +73,7 @@ def test_cli_errors_are_one_line(args, needle, tmp_path):
 
 @pytest.mark.parametrize("task", ["xsum", "cnndm", "wmt14_deen", "gsm8k", "nq_open", "squad", "humaneval", "mbpp",
                                   "specbench"])
-def test_every_task_runs_end_to_end(task, runs_dir):
-    from viasd.paths import data_dir
-
-    if data_dir(required=False) is None:
-        pytest.skip("offline data folder not found; set VIASD_DATA_DIR")
+def test_every_task_runs_end_to_end(task, runs_dir, any_data):
     if task in ("humaneval", "mbpp") and sandbox._isolation()[0] is None:
         pytest.skip(f"code sandbox unavailable here ({sandbox._isolation()[1]})")
     s = run(_cfg("pair=tiny-llama", "method=sd", f"task={task}", "task.n_examples=2", "generation.max_new_tokens=4"))
@@ -83,3 +83,22 @@ def test_every_task_runs_end_to_end(task, runs_dir):
     if task != "specbench":  # speed-only task has no metric
         assert any(k.startswith("metric/") for k in s)
         assert all("score" in r for r in rows)
+
+
+def test_ctrl_c_leaves_an_unfinished_run_and_says_where(tmp_path):
+    env = {**os.environ, "VIASD_RUNS_DIR": str(tmp_path), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.run", "pair=tiny-llama", "method=sd",
+                             "generation.max_new_tokens=2000", "generation.ignore_eos=true"],
+                            cwd=tmp_path, env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob("*/examples.jsonl")):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    run_dir = next(tmp_path.glob("*/examples.jsonl")).parent
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.replace("\r", "\n").splitlines()[-1] == f"interrupted: partial run left at {run_dir}, not marked finished"
+    assert not (run_dir / "summary.json").exists()
+    assert not (tmp_path / "outputs").exists()  # Hydra writes nothing of its own

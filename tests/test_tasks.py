@@ -1,8 +1,13 @@
-"""Task registry, configs, offline loading, prompt rendering, post-processing and scoring."""
+"""Task registry, configs, offline loading, prompt rendering, post-processing and scoring.
+
+Data tests take the ``any_data`` fixture: they run on the synthetic files written by
+tests/helpers/synthetic_data.py, and again on the real offline folder when it exists.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,8 +17,9 @@ from omegaconf import OmegaConf
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
+from tests.conftest import needs_real_data
 from viasd.errors import ConfigError
-from viasd.paths import PROJECT_ROOT, data_dir
+from viasd.paths import PROJECT_ROOT
 from viasd.tasks import TASKS, Example, Task, build_task
 from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
 from viasd.tasks.kinds import extract_code_block
@@ -33,9 +39,6 @@ TASK_NAMES = [
 ]
 DATA_TASKS = [n for n in TASK_NAMES if n != "prompts"]
 SCORED = ["xsum", "cnndm", "wmt14_deen", "gsm8k", "nq_open", "squad", "humaneval", "mbpp"]
-needs_data = pytest.mark.skipif(
-    data_dir(required=False) is None, reason="offline data folder not found (set VIASD_DATA_DIR)"
-)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -61,7 +64,7 @@ _CACHE: dict[tuple, list[Example]] = {}
 
 def _examples(name: str, n: int | None = 5) -> tuple[Task, list[Example]]:
     task = build_task({**_cfg(name), "n_examples": n})
-    key = (name, n)
+    key = (os.environ.get("VIASD_DATA_DIR"), name, n)
     if key not in _CACHE:
         _CACHE[key] = task.examples()
     return task, _CACHE[key]
@@ -128,9 +131,8 @@ def test_missing_data_file_names_path_and_setting(tmp_path, monkeypatch):
 # --- offline data --------------------------------------------------------------------
 
 
-@needs_data
 @pytest.mark.parametrize("name", DATA_TASKS)
-def test_task_loads_its_offline_file(name):
+def test_task_loads_its_offline_file(name, any_data):
     task, examples = _examples(name)
     assert len(examples) == 5
     for e in examples:
@@ -141,24 +143,31 @@ def test_task_loads_its_offline_file(name):
     assert len({e.id for e in examples}) == 5
 
 
-@needs_data
-def test_full_sizes_and_seeded_subset():
+@needs_real_data
+def test_real_files_full_sizes(monkeypatch):
+    from tests.conftest import REAL_DATA_DIR
+
+    monkeypatch.setenv("VIASD_DATA_DIR", str(REAL_DATA_DIR))
     sizes = {"humaneval": 164, "mbpp": 500, "specbench": 480}
     for name, size in sizes.items():
         assert len(_examples(name, None)[1]) == size
+    mbpp_ids = [int(e.id) for e in _examples("mbpp", None)[1]]
+    assert min(mbpp_ids) == 11 and max(mbpp_ids) == 510
+
+
+def test_seeded_subset_and_filters(any_data):
     a = [e.id for e in build_task({"name": "gsm8k", "n_examples": 20, "seed": 1}).examples()]
     b = [e.id for e in build_task({"name": "gsm8k", "n_examples": 20, "seed": 1}).examples()]
     c = [e.id for e in build_task({"name": "gsm8k", "n_examples": 20, "seed": 2}).examples()]
     assert a == b and a != c and len(set(a)) == 20
     assert a == sorted(a, key=int)  # kept in file order
     mbpp_ids = [int(e.id) for e in _examples("mbpp", None)[1]]
-    assert min(mbpp_ids) == 11 and max(mbpp_ids) == 510
+    assert mbpp_ids and all(11 <= i <= 510 for i in mbpp_ids)
     cats = {e.meta["category"] for e in build_task({"name": "specbench", "categories": ["qa"]}).examples()}
     assert cats == {"qa"}
 
 
-@needs_data
-def test_references_have_the_metric_shape():
+def test_references_have_the_metric_shape(any_data):
     _, gsm = _examples("gsm8k")
     assert all("####" in e.reference and e.meta["gold"] for e in gsm)
     _, nq = _examples("nq_open")
@@ -172,9 +181,8 @@ def test_references_have_the_metric_shape():
 # --- rendering -----------------------------------------------------------------------
 
 
-@needs_data
 @pytest.mark.parametrize("name", DATA_TASKS)
-def test_render_with_and_without_chat_template(name):
+def test_render_with_and_without_chat_template(name, any_data):
     task, examples = _examples(name)
     e = examples[0]
     chat = task.render(e, _tokenizer(chat=True))
@@ -245,13 +253,12 @@ def test_code_postprocess_keeps_indentation_and_extracts_fences():
 # --- scoring -------------------------------------------------------------------------
 
 
-@needs_data
 @pytest.mark.parametrize(
     "name, key",
     [("xsum", "rougeL"), ("cnndm", "rouge1"), ("wmt14_deen", "bleu"), ("gsm8k", "accuracy"),
      ("nq_open", "exact_match"), ("squad", "f1"), ("mbpp", "pass@1")],
 )  # fmt: skip
-def test_perfect_predictions_score_100(name, key):
+def test_perfect_predictions_score_100(name, key, any_data):
     task, examples = _examples(name, 3)
     if name == "mbpp":
         preds = [e.meta["canonical_solution"] for e in examples]
@@ -265,8 +272,7 @@ def test_perfect_predictions_score_100(name, key):
     assert all(isinstance(v, float) for v in corpus.values())
 
 
-@needs_data
-def test_score_real_like_outputs():
+def test_score_real_like_outputs(any_data):
     task, examples = _examples("gsm8k", 3)
     preds = [f"Let me think. The answer is {e.meta['gold']}." for e in examples[:2]] + ["The answer is -1."]
     corpus, per = task.score(preds, examples)

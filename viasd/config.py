@@ -8,6 +8,8 @@ every knob has one documented default.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -85,10 +87,39 @@ class GenerationConfig:
         return self.temperature == 0
 
 
-def to_dataclass(cls: type[T], node: Any) -> T:
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _scalar_type(annotation: Any) -> tuple[type | None, bool]:
+    """``(int|float|bool or None, None allowed)`` for a field annotation like ``int | None``."""
+    if annotation in _SCALARS:
+        return annotation, False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in _SCALARS:
+            return rest[0], len(rest) < len(args)
+    return None, True
+
+
+def _check_type(where: str, key: str, annotation: Any, value: Any) -> None:
+    """Raise a ConfigError when a numeric/boolean field gets a value of another type."""
+    kind, nullable = _scalar_type(annotation)
+    if kind is None or (value is None and nullable):
+        return
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{where}.{key} must be {_SCALARS[kind]}, got {value!r}; e.g. {where}.{key}=" +
+                          {int: "4", float: "0.5", bool: "true"}[kind])
+
+
+def to_dataclass(cls: type[T], node: Any, where: str | None = None) -> T:
     """Build dataclass ``cls`` from a dict / DictConfig / instance, recursively and strictly.
 
-    Unknown keys raise a ConfigError listing the accepted ones.
+    Unknown keys raise a ConfigError listing the accepted ones; a value of the wrong type for
+    an ``int`` / ``float`` / ``bool`` field (e.g. ``method.gamma=abc``) raises a ConfigError
+    naming ``where.key`` (``where`` defaults to the class name).
     """
     if node is None:
         return cls()
@@ -109,7 +140,12 @@ def to_dataclass(cls: type[T], node: Any) -> T:
         raise ConfigError(f"unknown {cls.__name__} keys {sorted(unknown)}; accepted: {sorted(fields)}")
     kwargs = {}
     hints = {ModelSpec: ("draft", "target", "intermediate")}
+    try:
+        annotations = typing.get_type_hints(cls)
+    except Exception:  # an annotation that cannot be resolved: no type checks for this class
+        annotations = {}
     for k, v in node.items():
+        _check_type(where or cls.__name__, k, annotations.get(k), v)
         if cls is PairConfig and k in hints[ModelSpec] and isinstance(v, dict):
             v = to_dataclass(ModelSpec, v)
         kwargs[k] = v

@@ -126,10 +126,31 @@ def run_cell(cfg: DictConfig) -> dict[str, Any]:
     raise ConfigError(f"unknown exp.entry {entry!r}; use run, search or kl")
 
 
+def check_prerequisites(cells: list[DictConfig]) -> None:
+    """Raise the first ConfigError any cell would hit before decoding: its method config (type
+    and range checks) and its task's data (each distinct task config is loaded once)."""
+    from viasd.decoding.api import method_config
+    from viasd.tasks import build_task
+
+    seen: set[str] = set()
+    for cfg in cells:
+        if OmegaConf.select(cfg, "exp.entry", default="run") == "run":
+            method_config(cfg.method.name, cfg.method)
+        key = OmegaConf.to_yaml(cfg.task)
+        if key not in seen:
+            seen.add(key)
+            build_task(cfg.task).examples()
+
+
 def run_exp(base_overrides: list[str]) -> int:
-    """Run every cell of the exp selected by ``base_overrides``; returns the number of failures."""
+    """Run every cell of the exp selected by ``base_overrides``; returns the number of failures.
+
+    A missing prerequisite shared by the cells (see :func:`check_prerequisites`) raises one
+    ConfigError before the first cell runs.
+    """
     cells = compose_cells(base_overrides)
     name = cells[0].exp.name if cells else "?"
+    check_prerequisites(cells)
     print(f"[viasd] exp {name}: {len(cells)} runs")
     if cells:
         exp = OmegaConf.to_container(cells[0].exp, resolve=True)

@@ -28,6 +28,7 @@ from viasd.config import GenerationConfig, to_dataclass
 from viasd.decoding.api import METHODS, decode, method_config
 from viasd.decoding.result import DecodeResult
 from viasd.dimr.masks import mask_path, resolve_plan
+from viasd.errors import RunInterrupted
 from viasd.paths import data_dir
 from viasd.report.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
@@ -214,6 +215,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             wb.log_example(i, record)
             bar.set_postfix(tok_s=f"{res.tokens_per_s:.1f}", rej=f"{res.rejection_rate:.2f}")
         corpus, per_example = task.score(predictions, examples)
+    except KeyboardInterrupt as e:
+        run_dir.abort()
+        wb.finish(failed=True)
+        raise RunInterrupted(run_dir.path) from e
     except BaseException:
         run_dir.abort()
         wb.finish(failed=True)

@@ -52,7 +52,7 @@ def method_config(name: str, cfg: Any = None) -> Any:
         if isinstance(cfg, DictConfig):
             cfg = OmegaConf.to_container(cfg, resolve=True)
         cfg = {k: v for k, v in dict(cfg).items() if k != "name"}
-    out = to_dataclass(spec.config_cls, cfg)
+    out = to_dataclass(spec.config_cls, cfg, where="method")
     if hasattr(out, "validate"):
         out.validate()
     return out

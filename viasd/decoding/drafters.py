@@ -34,7 +34,7 @@ import torch
 from viasd.config import GenerationConfig
 from viasd.decoding.cache import ModelStats, Stream
 from viasd.decoding.sampling import confidence, probs_from_logits, sample
-from viasd.errors import ConfigError
+from viasd.errors import ConfigError, no_draft_model
 from viasd.models.pairs import vocab_size_of
 from viasd.registry import Registry
 
@@ -177,7 +177,7 @@ class HybridDrafter(Drafter):
 
 def model_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
     if pair.draft is None:
-        raise ConfigError(f"pair {pair.name!r} has no draft model; use method.drafter.name=ngram or self")
+        raise no_draft_model("method.drafter.name=model", pair.name, model_free_ok=True)
     return ModelDrafter(pair.draft, prompt_ids, "draft")
 
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, EncoderDecoderCache
 
 from viasd.dimr.masks import budget, every_other_mask, first_k_mask, mask_path, random_mask
-from viasd.errors import ConfigError
+from viasd.errors import ConfigError, no_draft_model
 from viasd.models.routing import CausalPath, RoutingPlan, num_layers, routed_forward
 from viasd.tracking.store import atomic_write_json
 
@@ -271,7 +271,7 @@ def kl_geometry(pair, layers: list[int] | None, texts: list[str], seq_len: int =
     ``KL(p‖q) − (KL(p‖q') + KL(q'‖q))`` is positive when routing through ``q'`` is cheaper.
     """
     if pair.draft is None:
-        raise ConfigError("kl_geometry needs a draft model in the pair")
+        raise no_draft_model("the KL geometry (experiments.kl)", getattr(pair, "name", "?"))
     calib = Calibration(pair, texts, seq_len, batch_size, need_draft=True)
     n = num_layers(pair.target)
     plan = RoutingPlan.build(layers if layers is not None else range(n), n)

@@ -17,7 +17,7 @@ from transformers import GenerationConfig as HFGenerationConfig
 from viasd.decoding.api import register_method
 from viasd.decoding.cache import ModelStats
 from viasd.decoding.result import Counters, DecodeResult
-from viasd.errors import ConfigError
+from viasd.errors import ConfigError, no_draft_model
 
 
 @dataclass
@@ -52,7 +52,7 @@ def _count(model: torch.nn.Module, stats: ModelStats):
 def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResult:
     """Assisted generation of one prompt ``[1, P]`` through ``transformers``."""
     if pair.draft is None:
-        raise ConfigError(f"hf_assisted needs a draft model; pair {pair.name!r} has none")
+        raise no_draft_model("method=hf_assisted", pair.name)
     eos = gen.eos_ids(pair)
     hf_gen = HFGenerationConfig(
         max_new_tokens=gen.max_new_tokens,

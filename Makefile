@@ -1,0 +1,66 @@
+# Set-up and the two everyday commands on a fresh Linux machine with only Python 3 and make:
+#
+#   make run     # create .venv if missing, install the project, run the main job
+#   make test    # same set-up, then the test suite (what .ci/run runs)
+#
+# Knobs (on the command line: `make test TORCH=cuda PYTEST_ARGS="tests/test_rules.py -x"`):
+#   TORCH        auto (default: cuda when `nvidia-smi` works, else cpu) | cpu | cuda
+#   TORCH_SPEC   the torch requirement installed first (default torch==2.13.0)
+#   TORCH_INDEX  extra package index for the cpu wheel (default PyTorch's CPU index)
+#   ARGS         Hydra overrides for `make run`, e.g. ARGS="pair=tiny-llama method=sd"
+#   PYTEST_ARGS  arguments for pytest in `make test`
+#   PYTHON       the interpreter that creates .venv (default python3)
+# The install step runs again only when pyproject.toml changes or TORCH changes (stamp file).
+
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH       ?= auto
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+ARGS        ?=
+PYTEST_ARGS ?=
+
+ifeq ($(TORCH),auto)
+TORCH_KIND := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+else
+TORCH_KIND := $(TORCH)
+endif
+ifeq ($(TORCH_KIND),cpu)
+# torch alone from the CPU index; its dependencies come from the package index with the project's.
+TORCH_PIP_ARGS := --no-deps --extra-index-url $(TORCH_INDEX)
+else ifeq ($(TORCH_KIND),cuda)
+TORCH_PIP_ARGS :=
+else
+$(error TORCH must be auto, cpu or cuda (got '$(TORCH)'))
+endif
+
+VPY   := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(TORCH_KIND)
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: run test install clean-venv help
+.DEFAULT_GOAL := help
+
+help:
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+
+run: $(STAMP)
+	$(VPY) -m experiments.run $(ARGS)
+
+test: $(STAMP)
+	WANDB_MODE=disabled $(VPY) -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(VPY):
+	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; install the venv module (Debian/Ubuntu: apt-get install python3-venv) or set PYTHON=/path/to/python3" >&2; exit 1; }
+
+$(STAMP): pyproject.toml | $(VPY)
+	@echo "[make] installing $(TORCH_SPEC) ($(TORCH_KIND)) and the project into $(VENV)"
+	$(VPY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(VPY) -m pip install --quiet -e ".[dev]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+clean-venv:
+	rm -rf $(VENV)

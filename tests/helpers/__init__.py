@@ -1,0 +1,1 @@
+"""Test helpers: synthetic evaluation data in the offline files' schemas."""

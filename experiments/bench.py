@@ -1,7 +1,12 @@
 """``python -m experiments.bench [pair=…] [methods=[ar,sd,hf_assisted]] [gamma=4] [variants=…]``
 
 Prints a Markdown table of speed ratios against ``ar`` and writes JSON (``out=``). Speed
-goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``) and bf16 on CPU.
+goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``).
+
+``python -m experiments.bench --cost-curve [pair=…] [curve.backends=[eager,packed]] [curve.out=…]``
+instead prints, per model of the pair (draft, slim verifier at ``curve.keep_ratio``, target) and
+per backend, the forward time for 1..``curve.ks`` new tokens after ``curve.context`` cached ones as
+ratios t(k)/t(1), and the bandwidth floor; JSON goes to ``curve.out`` (default: the run store).
 """
 
 from __future__ import annotations
@@ -31,6 +36,36 @@ def load_prompts(spec: str, n: int, tokenizer=None) -> list[str]:
     return out[:n]
 
 
+def run_cost_curve(cfg: DictConfig) -> None:
+    """The ``--cost-curve`` mode: the pair is loaded eager, measured, packed in place, measured."""
+    import torch
+
+    from viasd.benchmark import cost_curve_rows, curve_columns, format_table, read_bandwidth, write_json
+    from viasd.models.backend import apply_backend, resolve_backend
+    from viasd.models.pairs import load_pair
+
+    c = cfg.curve
+    backends = [resolve_backend(str(b), cfg.pair.device) for b in c.backends]
+    if backends[1:] and "eager" in backends[1:]:
+        raise ConfigError("curve.backends: list eager first (the pair is packed in place after it)")
+    ks = list(range(1, int(c.ks) + 1))
+    pair = load_pair(cfg.pair, backend=backends[0])
+    bandwidth = read_bandwidth()
+    rows = []
+    for backend in backends:
+        if backend != pair.extras["runtime"]["backend"]:
+            for m in (pair.target, pair.draft, pair.intermediate):
+                apply_backend(m, backend)
+            pair.extras["runtime"]["backend"] = backend
+        rows += cost_curve_rows(pair, backend, bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio))
+    print(f"\npair={pair.name} dtype={pair.extras['runtime']['dtype']} threads={torch.get_num_threads()} "
+          f"context={c.context} reps={c.reps} read bandwidth={bandwidth / 1e9:.1f} GB/s")
+    print(format_table(rows, curve_columns(ks)))
+    write_json(c.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "context": c.context,
+                             "reps": c.reps, "read_bandwidth_Bps": bandwidth, "runtime": pair.extras["runtime"]})
+    print(f"wrote {c.out}")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     import torch
@@ -43,6 +78,8 @@ def main(cfg: DictConfig) -> None:
     transformers.logging.set_verbosity_error()
     try:
         torch.set_num_threads(int(cfg.threads))
+        if cfg.cost_curve:
+            return run_cost_curve(cfg)
         pair = load_pair(cfg.pair)
         variants = [Variant(m, m, {} if m == "ar" else {"gamma": int(cfg.gamma)}) for m in cfg.methods]
         for label, v in OmegaConf.to_container(cfg.variants, resolve=True).items():
@@ -55,13 +92,17 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"\npair={pair.name} dtype={cfg.pair.dtype} threads={cfg.threads} prompts={len(prompts)} "
+    runtime = pair.extras["runtime"]
+    print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} prompts={len(prompts)} "
           f"max_new_tokens={cfg.max_new_tokens} gamma={cfg.gamma}")
     print(format_table(rows))
     write_json(cfg.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "gamma": cfg.gamma,
-                               "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens})
+                               "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                               "runtime": runtime})
     print(f"wrote {cfg.out}")
 
 
 if __name__ == "__main__":
+    if "--cost-curve" in sys.argv:  # a flag, not a Hydra override: turn it into one
+        sys.argv = [a for a in sys.argv if a != "--cost-curve"] + ["cost_curve=true"]
     main()

@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.config import ModelSpec, PairConfig, to_dataclass
+from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
@@ -134,6 +135,10 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
     cfg = pair_config(name_or_cfg)
     for k, v in overrides.items():
         setattr(cfg, k, v)
+    backend = resolve_backend(cfg.backend, cfg.device if cfg.device_map is None else "cuda")
+    probe = None
+    if cfg.dtype == "auto":
+        cfg.dtype, probe = probe_dtype(cfg.device)
     dtype = resolve_dtype(cfg.dtype)
     pair = PAIR_LOADERS.get(cfg.loader)(cfg)
     check_vocab(pair)
@@ -141,6 +146,8 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
         if m is not None and cfg.device_map is None:
             m.to(device=cfg.device, dtype=dtype)
             m.eval()
+            apply_backend(m, backend)
+    pair.extras["runtime"] = {"dtype": cfg.dtype, "backend": backend, "dtype_probe": probe}
     return pair
 
 

@@ -36,8 +36,31 @@ def load_prompts(spec: str, n: int, tokenizer=None) -> list[str]:
     return out[:n]
 
 
+def random_pair(model_kwargs: DictConfig, backend: str):
+    """A target-only pair around a randomly initialized causal LM built from transformers config
+    kwargs (``model_type`` plus sizes; fp32, CPU) — cost curves of models too big to download."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from viasd.models.backend import apply_backend
+    from viasd.models.pairs import ModelPair
+
+    kw = OmegaConf.to_container(model_kwargs, resolve=True)
+    mcfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.float32).eval()
+    apply_backend(model, backend)
+    name = f"random-{mcfg.model_type}-{mcfg.num_hidden_layers}L-{mcfg.hidden_size}"
+    return ModelPair(name=name, target=model, draft=None, tokenizer=None,
+                     extras={"runtime": {"dtype": "float32", "backend": backend, "dtype_probe": None}})
+
+
 def run_cost_curve(cfg: DictConfig) -> None:
-    """The ``--cost-curve`` mode: the pair is loaded eager, measured, packed in place, measured."""
+    """The ``--cost-curve`` mode. With ``curve.interleave`` each backend gets its own copy of
+    the pair's models and all are timed interleaved (memory × backends); otherwise the pair is
+    measured eager, packed in place, and measured again."""
+    import copy
+
     import torch
 
     from viasd.benchmark import cost_curve_rows, curve_columns, format_table, read_bandwidth, write_json
@@ -46,23 +69,31 @@ def run_cost_curve(cfg: DictConfig) -> None:
 
     c = cfg.curve
     backends = [resolve_backend(str(b), cfg.pair.device) for b in c.backends]
-    if backends[1:] and "eager" in backends[1:]:
-        raise ConfigError("curve.backends: list eager first (the pair is packed in place after it)")
+    if "eager" in backends[1:]:
+        raise ConfigError("curve.backends: list eager first (the other backends are built from it)")
     ks = list(range(1, int(c.ks) + 1))
-    pair = load_pair(cfg.pair, backend=backends[0])
+    pair = random_pair(c.random_model, backends[0]) if c.get("random_model") else load_pair(cfg.pair, backend=backends[0])
     bandwidth = read_bandwidth()
-    rows = []
-    for backend in backends:
-        if backend != pair.extras["runtime"]["backend"]:
-            for m in (pair.target, pair.draft, pair.intermediate):
-                apply_backend(m, backend)
-            pair.extras["runtime"]["backend"] = backend
-        rows += cost_curve_rows(pair, backend, bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio))
+
+    def variant(backend):
+        p = copy.copy(pair) if c.interleave else pair
+        if c.interleave:
+            p.target, p.draft, p.intermediate = (copy.deepcopy(m) for m in (pair.target, pair.draft, pair.intermediate))
+        for m in (p.target, p.draft, p.intermediate):
+            apply_backend(m, backend)
+        return p
+
+    args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio))
+    if c.interleave:
+        rows = cost_curve_rows({b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}, *args)
+    else:
+        rows = [r for i, b in enumerate(backends) for r in cost_curve_rows({b: pair if i == 0 else variant(b)}, *args)]
     print(f"\npair={pair.name} dtype={pair.extras['runtime']['dtype']} threads={torch.get_num_threads()} "
-          f"context={c.context} reps={c.reps} read bandwidth={bandwidth / 1e9:.1f} GB/s")
+          f"context={c.context} reps={c.reps} interleaved={c.interleave} read bandwidth={bandwidth / 1e9:.1f} GB/s")
     print(format_table(rows, curve_columns(ks)))
     write_json(c.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "context": c.context,
-                             "reps": c.reps, "read_bandwidth_Bps": bandwidth, "runtime": pair.extras["runtime"]})
+                             "reps": c.reps, "interleaved": c.interleave, "read_bandwidth_Bps": bandwidth,
+                             "dtype": pair.extras["runtime"]["dtype"]})
     print(f"wrote {c.out}")
 
 

@@ -139,36 +139,45 @@ def write_json(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
 
 # --------------------------------------------------------------------------- cost curves
 
-def cost_curve(model, ks: Sequence[int] = tuple(range(1, 9)), context: int = 256, reps: int = 5,
-               plan: RoutingPlan | None = None, seed: int = 0) -> dict[int, float]:
-    """Forward seconds of ``model`` scoring ``k`` new tokens after ``context`` cached ones.
+def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[int] = tuple(range(1, 9)),
+                context: int = 256, reps: int = 5, seed: int = 0) -> list[dict[int, float]]:
+    """Forward seconds of each ``(model, plan)`` scoring ``k`` new tokens after ``context`` cached ones.
 
     Runs through the project's :class:`~viasd.decoding.cache.Stream` (routed when ``plan`` is
-    given), rolling the cache back to the context after every block. The ``k`` values are
-    interleaved within each repeat (one untimed warm-up round first) so load drift hits them
-    alike; the minimum over ``reps`` is kept.
+    given), rolling the cache back to the context after every block. Models and ``k`` values
+    are interleaved within each repeat (one untimed warm-up round first) so load drift hits
+    them alike; the minimum over ``reps`` is kept.
 
     Returns:
-        ``{k: seconds}`` for every ``k`` in ``ks``.
+        One ``{k: seconds}`` per entry.
     """
     gen = torch.Generator().manual_seed(seed)
-    hi = max(5, min(int(model.config.vocab_size), 1000))
-    device = next(model.parameters()).device
-    ctx = torch.randint(4, hi, (1, context), generator=gen).to(device)
-    stream = Stream(model, ctx, "curve", plan=plan)
-    start = start_sequence(model, ctx)
-    seq0 = ctx if start is ctx else torch.cat([start, ctx[:, : context - start.shape[1]]], dim=1)
-    stream.logits(seq0)
-    best = {int(k): math.inf for k in ks}
+    hi = max(5, min(min(int(m.config.vocab_size) for m, _ in entries), 1000))
+    ctx = torch.randint(4, hi, (1, context), generator=gen)
+    streams, seqs = [], []
+    for model, plan in entries:
+        x = ctx.to(next(model.parameters()).device)
+        start = start_sequence(model, x)
+        seqs.append(x if start is x else torch.cat([start, x[:, : context - start.shape[1]]], dim=1))
+        streams.append(Stream(model, x, "curve", plan=plan))
+        streams[-1].logits(seqs[-1])
+    best = [{int(k): math.inf for k in ks} for _ in entries]
     for r in range(reps + 1):
-        for k in best:
-            seq = torch.cat([seq0, torch.randint(4, hi, (1, k), generator=gen).to(device)], dim=1)
-            before = stream.stats.seconds
-            stream.logits(seq, last=k)
-            if r:
-                best[k] = min(best[k], stream.stats.seconds - before)
-            stream.rollback(seq0.shape[1])
+        for k in best[0]:
+            new = torch.randint(4, hi, (1, k), generator=gen)
+            for stream, seq0, b in zip(streams, seqs, best):
+                before = stream.stats.seconds
+                stream.logits(torch.cat([seq0, new.to(seq0.device)], dim=1), last=k)
+                if r:
+                    b[k] = min(b[k], stream.stats.seconds - before)
+                stream.rollback(seq0.shape[1])
     return best
+
+
+def cost_curve(model, ks: Sequence[int] = tuple(range(1, 9)), context: int = 256, reps: int = 5,
+               plan: RoutingPlan | None = None, seed: int = 0) -> dict[int, float]:
+    """:func:`cost_curves` of one model: ``{k: seconds}``."""
+    return cost_curves([(model, plan)], ks, context, reps, seed)[0]
 
 
 def weight_bytes(model, plan: RoutingPlan | None = None) -> int:
@@ -219,17 +228,19 @@ def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | 
     return out + [("target", pair.target, None)]
 
 
-def cost_curve_rows(pair, backend: str, bandwidth: float, ks: Sequence[int], context: int, reps: int,
+def cost_curve_rows(pairs: dict[str, Any], bandwidth: float, ks: Sequence[int], context: int, reps: int,
                     keep_ratio: float) -> list[dict[str, Any]]:
-    """One row per model of ``pair`` (see :func:`curve_models`): ``t1_ms``, ``r{k}`` = t(k)/t(1),
-    the bandwidth floor ``floor_ms`` and ``floor_frac`` = floor / t(1) (1.0 = at the floor)."""
+    """One row per backend (``pairs``: backend label → pair) and model of the pair (see
+    :func:`curve_models`), all measured interleaved: ``t1_ms``, ``r{k}`` = t(k)/t(1), the
+    bandwidth floor ``floor_ms`` and ``floor_frac`` = floor / t(1) (1.0 = at the floor)."""
+    entries = [(backend, label, model, plan) for backend, pair in pairs.items()
+               for label, model, plan in curve_models(pair, keep_ratio)]
+    times = cost_curves([(m, p) for _, _, m, p in entries], ks, context, reps)
     rows = []
-    for label, model, plan in curve_models(pair, keep_ratio):
-        t = cost_curve(model, ks, context, reps, plan)
-        nbytes = weight_bytes(model, plan)
-        floor = nbytes / bandwidth
-        rows.append({"backend": backend, "model": label, "weight_mb": nbytes / 1e6, "t1_ms": t[ks[0]] * 1e3,
-                     **{f"r{k}": t[k] / t[ks[0]] for k in ks}, "floor_ms": floor * 1e3,
+    for (backend, label, model, plan), t in zip(entries, times):
+        floor = weight_bytes(model, plan) / bandwidth
+        rows.append({"backend": backend, "model": label, "weight_mb": weight_bytes(model, plan) / 1e6,
+                     "t1_ms": t[ks[0]] * 1e3, **{f"r{k}": t[k] / t[ks[0]] for k in ks}, "floor_ms": floor * 1e3,
                      "floor_frac": floor / t[ks[0]], "tokens_per_s_1": 1 / t[ks[0]]})
     return rows
 

@@ -15,6 +15,7 @@ and picks the dtype for ``pair.dtype: auto`` (bf16 only when it wins both).
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -24,7 +25,13 @@ from torch import nn
 from viasd.errors import ConfigError
 
 BACKENDS = ("auto", "eager", "packed")
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """Dtypes oneDNN can pack on this CPU (bf16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
+    if not torch.backends.mkldnn.is_available():
+        return ()
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
 
 
 def _pointwise(x2d: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -41,7 +48,9 @@ class PackedLinear(nn.Module):
             ``weight`` is rebuilt from the packed one on access (slow, for inspection only).
 
     ``forward``: ``x [..., in_features]`` → ``[..., out_features]`` (same dtype as ``x``).
-    Inference only (no autograd through the packed op).
+    Inference only (no autograd through the packed op). ``state_dict``/``load_state_dict`` and
+    ``copy.deepcopy`` behave as for the ``nn.Linear`` it replaced; ``.to(dtype/device)`` does not
+    re-pack (pack after the last move).
     """
 
     def __init__(self, linear: nn.Linear, keep_dense: bool = False):
@@ -56,6 +65,40 @@ class PackedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """``[out_features, in_features]`` dense weight (the kept Parameter, or unpacked)."""
         return self.dense if self.dense is not None else self.packed_weight.to_dense()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # The state dict is the nn.Linear one (``weight``, ``bias``), whatever the layout in memory.
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + "dense", None)
+        destination[prefix + "weight"] = self.weight if keep_vars else self.weight.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None:
+            with torch.no_grad():
+                if self.dense is not None:
+                    self.dense.copy_(weight)
+                self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype).clone())
+        if self.bias is not None and prefix + "bias" in state_dict:
+            with torch.no_grad():
+                self.bias.copy_(state_dict[prefix + "bias"])
+        required = [prefix + "weight"] + ([prefix + "bias"] if self.bias is not None else [])
+        missing_keys.extend(k for k in required if strict and k not in state_dict)
+
+    def __deepcopy__(self, memo):
+        shell = nn.Linear(1, 1, bias=False)
+        shell.in_features, shell.out_features = self.in_features, self.out_features
+        shell.weight = copy.deepcopy(self.dense, memo) if self.dense is not None else \
+            nn.Parameter(self.packed_weight.to_dense(), requires_grad=False)
+        shell.bias = copy.deepcopy(self.bias, memo)
+        new = PackedLinear(shell, keep_dense=self.dense is not None)
+        memo[id(self)] = new
+        return new
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.packed_weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _pointwise(x.reshape(-1, self.in_features), self.packed_weight, self.bias)
@@ -80,15 +123,17 @@ def resolve_backend(name: str, device: str | torch.device) -> str:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every CPU fp32/bf16 ``nn.Linear`` inside ``model`` by a :class:`PackedLinear`, in place.
+    """Replace every CPU ``nn.Linear`` of a packable dtype (:func:`packable_dtypes`) inside
+    ``model`` by a :class:`PackedLinear`, in place (others stay eager).
 
     The output embedding keeps its dense weight (it may be tied to the input embedding, and
     callers read its rows count). Call after the model's final ``.to(dtype)``: packed buffers
     do not follow later dtype/device moves. Returns the number of modules replaced.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    dtypes = packable_dtypes()
     todo = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype in PACKABLE_DTYPES]
+            if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype in dtypes]
     for parent, name, child in todo:
         setattr(parent, name, PackedLinear(child, keep_dense=child is head))
     return len(todo)
@@ -116,7 +161,8 @@ def probe_dtype(device: str | torch.device = "cpu", hidden: int = 1024, inner: i
     """Pick fp32 or bf16 for this machine by timing ``[M, hidden] @ [hidden, inner]`` products.
 
     Times a prefill-sized product (``M = prefill``) and a 1-token one in each dtype (min of
-    ``reps``, the path the CPU backend uses); bf16 is chosen only when it is faster at both.
+    ``reps``, on the path the CPU backend would use: packed where the dtype packs, else
+    ``F.linear``); bf16 is chosen only when it is faster at both.
     Non-CPU devices get bf16 without probing.
 
     Returns:
@@ -129,7 +175,7 @@ def probe_dtype(device: str | torch.device = "cpu", hidden: int = 1024, inner: i
     w32 = torch.randn(inner, hidden, generator=gen)
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         w = w32.to(dt)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w) if torch.backends.mkldnn.is_available() else None
+        packed = torch.ops.mkldnn._reorder_linear_weight(w) if dt in packable_dtypes() else None
         for m in (1, prefill):
             x = torch.randn(m, hidden, generator=gen).to(dt)
             fn = (lambda x=x, w=w: nn.functional.linear(x, w)) if packed is None else \

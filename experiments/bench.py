@@ -72,27 +72,34 @@ def run_cost_curve(cfg: DictConfig) -> None:
     if "eager" in backends[1:]:
         raise ConfigError("curve.backends: list eager first (the other backends are built from it)")
     ks = list(range(1, int(c.ks) + 1))
-    pair = random_pair(c.random_model, backends[0]) if c.get("random_model") else load_pair(cfg.pair, backend=backends[0])
-    bandwidth = read_bandwidth()
+    if c.get("random_model"):
+        pair = random_pair(c.random_model, backends[0])
+    else:
+        pair = load_pair(cfg.pair, backend=backends[0])
+    bandwidth = read_bandwidth(clock=str(c.clock))
 
     def variant(backend):
         p = copy.copy(pair) if c.interleave else pair
         if c.interleave:
-            p.target, p.draft, p.intermediate = (copy.deepcopy(m) for m in (pair.target, pair.draft, pair.intermediate))
+            models = (pair.target, pair.draft, pair.intermediate)
+            p.target, p.draft, p.intermediate = (copy.deepcopy(m) for m in models)
         for m in (p.target, p.draft, p.intermediate):
             apply_backend(m, backend)
         return p
 
-    args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio))
+    args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio), str(c.clock))
     if c.interleave:
         rows = cost_curve_rows({b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}, *args)
     else:
-        rows = [r for i, b in enumerate(backends) for r in cost_curve_rows({b: pair if i == 0 else variant(b)}, *args)]
+        rows = [r for i, b in enumerate(backends)
+                for r in cost_curve_rows({b: pair if i == 0 else variant(b)}, *args)]
     print(f"\npair={pair.name} dtype={pair.extras['runtime']['dtype']} threads={torch.get_num_threads()} "
-          f"context={c.context} reps={c.reps} interleaved={c.interleave} read bandwidth={bandwidth / 1e9:.1f} GB/s")
+          f"context={c.context} reps={c.reps} clock={c.clock} interleaved={c.interleave} "
+          f"read bandwidth={bandwidth / 1e9:.1f} GB/s")
     print(format_table(rows, curve_columns(ks)))
     write_json(c.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "context": c.context,
-                             "reps": c.reps, "interleaved": c.interleave, "read_bandwidth_Bps": bandwidth,
+                             "reps": c.reps, "clock": c.clock, "interleaved": c.interleave,
+                             "read_bandwidth_Bps": bandwidth,
                              "dtype": pair.extras["runtime"]["dtype"]})
     print(f"wrote {c.out}")
 
@@ -124,7 +131,8 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     runtime = pair.extras["runtime"]
-    print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} prompts={len(prompts)} "
+    print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} "
+          f"prompts={len(prompts)} "
           f"max_new_tokens={cfg.max_new_tokens} gamma={cfg.gamma}")
     print(format_table(rows))
     write_json(cfg.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "gamma": cfg.gamma,

@@ -68,7 +68,8 @@ def test_greedy_sd_equals_ar_on_packed_path(family):
         assert decode(eager_pair(family), ids, "ar", gen=gen).tokens == ref, (family, prompt)
         for gamma in (1, 4):
             assert decode(pair, ids, "sd", {"gamma": gamma}, gen=gen).tokens == ref, (family, prompt, gamma)
-        res = decode(pair, ids, "viasd", {"gamma": 3, "slim": {"mask": "every_other", "keep_ratio": 0.5}}, gen=gen)
+        slim = {"mask": "every_other", "keep_ratio": 0.5}
+        res = decode(pair, ids, "viasd", {"gamma": 3, "slim": slim}, gen=gen)
         assert len(res.tokens) == len(ref)
 
 

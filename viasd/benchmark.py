@@ -72,7 +72,9 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
             decode(pair, x, v.method, v.cfg, gen, seed=seed)
     gammas = sorted({int(v.cfg["gamma"]) for v in variants if v.cfg.get("gamma")})
     context = int(sum(x.shape[1] for x in ids) / len(ids)) + gen.max_new_tokens // 2
-    curve = cost_curve(pair.target, [1] + [g + 1 for g in gammas], context, curve_reps) if gammas else {1: 1.0}
+    curve = {1: 1.0}
+    if gammas:
+        curve = cost_curve(pair.target, [1] + [g + 1 for g in gammas], context, curve_reps)
     results: dict[str, list[DecodeResult]] = {v.label: [] for v in variants}
     for i, x in enumerate(tqdm(ids, desc="bench", unit="prompt", disable=not progress)):
         for v in variants:
@@ -110,7 +112,8 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
 COLUMNS = [("variant", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup_vs_ar", "{:.2f}x"),
            ("rejection_rate", "{:.3f}"), ("mean_accepted", "{:.2f}"), ("tokens_per_target_call", "{:.2f}"),
            ("target_calls", "{:.0f}"), ("draft_calls", "{:.0f}"), ("cost_ratio_c", "{:.3f}"),
-           ("block_cost_T", "{:.2f}"), ("ideal_speedup", "{:.2f}x"), ("measured_over_ideal", "{:.2f}"), ("agreement_with_ar", "{:.3f}")]
+           ("block_cost_T", "{:.2f}"), ("ideal_speedup", "{:.2f}x"), ("measured_over_ideal", "{:.2f}"),
+           ("agreement_with_ar", "{:.3f}")]
 
 
 def format_table(rows: list[dict[str, Any]], columns=COLUMNS) -> str:
@@ -139,14 +142,20 @@ def write_json(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
 
 # --------------------------------------------------------------------------- cost curves
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[int] = tuple(range(1, 9)),
-                context: int = 256, reps: int = 5, seed: int = 0) -> list[dict[int, float]]:
+                context: int = 256, reps: int = 5, seed: int = 0,
+                clock: str = "wall") -> list[dict[int, float]]:
     """Forward seconds of each ``(model, plan)`` scoring ``k`` new tokens after ``context`` cached ones.
 
     Runs through the project's :class:`~viasd.decoding.cache.Stream` (routed when ``plan`` is
     given), rolling the cache back to the context after every block. Models and ``k`` values
     are interleaved within each repeat (one untimed warm-up round first) so load drift hits
-    them alike; the minimum over ``reps`` is kept.
+    them alike; the minimum over ``reps`` is kept. ``clock``: ``wall`` (perf_counter) or
+    ``cpu`` (this process's CPU time: what a forward costs when other processes share the
+    cores; with 1 torch thread it excludes the time the thread waits to be scheduled).
 
     Returns:
         One ``{k: seconds}`` per entry.
@@ -166,18 +175,19 @@ def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[
         for k in best[0]:
             new = torch.randint(4, hi, (1, k), generator=gen)
             for stream, seq0, b in zip(streams, seqs, best):
-                before = stream.stats.seconds
-                stream.logits(torch.cat([seq0, new.to(seq0.device)], dim=1), last=k)
+                seq = torch.cat([seq0, new.to(seq0.device)], dim=1)
+                t0 = CLOCKS[clock]()
+                stream.logits(seq, last=k)
                 if r:
-                    b[k] = min(b[k], stream.stats.seconds - before)
+                    b[k] = min(b[k], CLOCKS[clock]() - t0)
                 stream.rollback(seq0.shape[1])
     return best
 
 
 def cost_curve(model, ks: Sequence[int] = tuple(range(1, 9)), context: int = 256, reps: int = 5,
-               plan: RoutingPlan | None = None, seed: int = 0) -> dict[int, float]:
+               plan: RoutingPlan | None = None, seed: int = 0, clock: str = "wall") -> dict[int, float]:
     """:func:`cost_curves` of one model: ``{k: seconds}``."""
-    return cost_curves([(model, plan)], ks, context, reps, seed)[0]
+    return cost_curves([(model, plan)], ks, context, reps, seed, clock)[0]
 
 
 def weight_bytes(model, plan: RoutingPlan | None = None) -> int:
@@ -198,21 +208,17 @@ def weight_bytes(model, plan: RoutingPlan | None = None) -> int:
     return int(total)
 
 
-def read_bandwidth(mib: int = 256, reps: int = 5) -> float:
+def read_bandwidth(mib: int = 256, reps: int = 5, clock: str = "wall") -> float:
     """Measured read bandwidth in bytes/s: the fastest of ``reps`` sums over a ``mib`` MiB buffer
-    (with the caller's torch thread count; the benchmarks use 1)."""
+    (with the caller's torch thread count, the benchmarks use 1; ``clock`` as in :func:`cost_curves`)."""
     buf = torch.ones(mib * 2**20 // 4)
-    return buf.numel() * 4 / _min_seconds(buf.sum, reps)
-
-
-def _min_seconds(fn, reps: int) -> float:
-    fn()
+    buf.sum()
     best = math.inf
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        t0 = CLOCKS[clock]()
+        buf.sum()
+        best = min(best, CLOCKS[clock]() - t0)
+    return buf.numel() * 4 / best
 
 
 def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | None]]:
@@ -229,18 +235,19 @@ def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | 
 
 
 def cost_curve_rows(pairs: dict[str, Any], bandwidth: float, ks: Sequence[int], context: int, reps: int,
-                    keep_ratio: float) -> list[dict[str, Any]]:
+                    keep_ratio: float, clock: str = "wall") -> list[dict[str, Any]]:
     """One row per backend (``pairs``: backend label → pair) and model of the pair (see
     :func:`curve_models`), all measured interleaved: ``t1_ms``, ``r{k}`` = t(k)/t(1), the
     bandwidth floor ``floor_ms`` and ``floor_frac`` = floor / t(1) (1.0 = at the floor)."""
     entries = [(backend, label, model, plan) for backend, pair in pairs.items()
                for label, model, plan in curve_models(pair, keep_ratio)]
-    times = cost_curves([(m, p) for _, _, m, p in entries], ks, context, reps)
+    times = cost_curves([(m, p) for _, _, m, p in entries], ks, context, reps, clock=clock)
     rows = []
     for (backend, label, model, plan), t in zip(entries, times):
         floor = weight_bytes(model, plan) / bandwidth
         rows.append({"backend": backend, "model": label, "weight_mb": weight_bytes(model, plan) / 1e6,
-                     "t1_ms": t[ks[0]] * 1e3, **{f"r{k}": t[k] / t[ks[0]] for k in ks}, "floor_ms": floor * 1e3,
+                     "t1_ms": t[ks[0]] * 1e3, **{f"r{k}": t[k] / t[ks[0]] for k in ks},
+                     "floor_ms": floor * 1e3,
                      "floor_frac": floor / t[ks[0]], "tokens_per_s_1": 1 / t[ks[0]]})
     return rows
 

@@ -31,7 +31,8 @@ def packable_dtypes() -> tuple[torch.dtype, ...]:
     """Dtypes oneDNN can pack on this CPU (bf16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)."""
     if not torch.backends.mkldnn.is_available():
         return ()
-    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
 def _pointwise(x2d: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -79,7 +80,8 @@ class PackedLinear(nn.Module):
             with torch.no_grad():
                 if self.dense is not None:
                     self.dense.copy_(weight)
-                self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype).clone())
+                dense = weight.detach().to(self.dtype).clone()
+                self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(dense)
         if self.bias is not None and prefix + "bias" in state_dict:
             with torch.no_grad():
                 self.bias.copy_(state_dict[prefix + "bias"])
@@ -116,9 +118,11 @@ def resolve_backend(name: str, device: str | torch.device) -> str:
     if name == "auto":
         return "packed" if on_cpu and torch.backends.mkldnn.is_available() else "eager"
     if name == "packed" and not on_cpu:
-        raise ConfigError(f"pair.backend=packed is a CPU backend (device is {device}); use pair.backend=auto or eager")
+        raise ConfigError(f"pair.backend=packed is a CPU backend (device is {device}); "
+                          "use pair.backend=auto or eager")
     if name == "packed" and not torch.backends.mkldnn.is_available():
-        raise ConfigError("pair.backend=packed needs a torch build with oneDNN (mkldnn); use pair.backend=eager")
+        raise ConfigError("pair.backend=packed needs a torch build with oneDNN (mkldnn); "
+                          "use pair.backend=eager")
     return name
 
 
@@ -133,7 +137,8 @@ def pack_linears(model: nn.Module) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     dtypes = packable_dtypes()
     todo = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype in dtypes]
+            if type(child) is nn.Linear and child.weight.device.type == "cpu"
+            and child.weight.dtype in dtypes]
     for parent, name, child in todo:
         setattr(parent, name, PackedLinear(child, keep_dense=child is head))
     return len(todo)

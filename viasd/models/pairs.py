@@ -16,8 +16,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.config import ModelSpec, PairConfig, to_dataclass
-from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
 from viasd.errors import ConfigError
+from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
 

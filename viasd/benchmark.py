@@ -63,8 +63,8 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
     """Run every variant on every prompt; returns one row of statistics per variant.
 
     ``warmup`` untimed decodes per variant come first; then the target's block costs
-    ``t(γ+1)/t(1)`` are measured (:func:`cost_curve`, ``curve_reps`` repeats, at the mean prompt
-    length plus half the generation) for the ideal-speedup column.
+    ``t(γ+1)/t(1)`` are measured (:func:`cost_curve` on CPU time, ``curve_reps`` repeats, at the
+    mean prompt length plus half the generation) for the ideal-speedup column.
     """
     ids = [pair.encode(p) for p in prompts]
     for v in variants:  # warm-up (allocator, kernels)
@@ -74,7 +74,7 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
     context = int(sum(x.shape[1] for x in ids) / len(ids)) + gen.max_new_tokens // 2
     curve = {1: 1.0}
     if gammas:
-        curve = cost_curve(pair.target, [1] + [g + 1 for g in gammas], context, curve_reps)
+        curve = cost_curve(pair.target, [1] + [g + 1 for g in gammas], context, curve_reps, clock="cpu")
     results: dict[str, list[DecodeResult]] = {v.label: [] for v in variants}
     for i, x in enumerate(tqdm(ids, desc="bench", unit="prompt", disable=not progress)):
         for v in variants:

@@ -131,7 +131,11 @@ def pair_config(name_or_cfg: str | PairConfig | dict) -> PairConfig:
 
 
 def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPair:
-    """Load a pair by name or config; ``overrides`` replace PairConfig fields (e.g. ``dtype``)."""
+    """Load a pair by name or config; ``overrides`` replace PairConfig fields (e.g. ``dtype``).
+
+    Applies ``pair.backend`` and ``pair.dtype: auto`` (see :mod:`viasd.models.backend`) and
+    records the choices in ``pair.extras["runtime"]`` (``dtype``, ``backend``, ``dtype_probe``).
+    """
     cfg = pair_config(name_or_cfg)
     for k, v in overrides.items():
         setattr(cfg, k, v)

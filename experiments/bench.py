@@ -1,7 +1,12 @@
 """``python -m experiments.bench [pair=…] [methods=[ar,sd,hf_assisted]] [gamma=4] [variants=…]``
 
 Prints a Markdown table of speed ratios against ``ar`` and writes JSON (``out=``). Speed
-goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``) and bf16 on CPU.
+goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``).
+
+``python -m experiments.bench --cost-curve [pair=…] [curve.backends=[eager,packed]] [curve.out=…]``
+instead prints, per model of the pair (draft, slim verifier at ``curve.keep_ratio``, target) and
+per backend, the forward time for 1..``curve.ks`` new tokens after ``curve.context`` cached ones as
+ratios t(k)/t(1), and the bandwidth floor; JSON goes to ``curve.out`` (default: the run store).
 """
 
 from __future__ import annotations
@@ -31,6 +36,74 @@ def load_prompts(spec: str, n: int, tokenizer=None) -> list[str]:
     return out[:n]
 
 
+def random_pair(model_kwargs: DictConfig, backend: str):
+    """A target-only pair around a randomly initialized causal LM built from transformers config
+    kwargs (``model_type`` plus sizes; fp32, CPU) — cost curves of models too big to download."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from viasd.models.backend import apply_backend
+    from viasd.models.pairs import ModelPair
+
+    kw = OmegaConf.to_container(model_kwargs, resolve=True)
+    mcfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.float32).eval()
+    apply_backend(model, backend)
+    name = f"random-{mcfg.model_type}-{mcfg.num_hidden_layers}L-{mcfg.hidden_size}"
+    return ModelPair(name=name, target=model, draft=None, tokenizer=None,
+                     extras={"runtime": {"dtype": "float32", "backend": backend, "dtype_probe": None}})
+
+
+def run_cost_curve(cfg: DictConfig) -> None:
+    """The ``--cost-curve`` mode. With ``curve.interleave`` each backend gets its own copy of
+    the pair's models and all are timed interleaved (memory × backends); otherwise the pair is
+    measured eager, packed in place, and measured again."""
+    import copy
+
+    import torch
+
+    from viasd.benchmark import cost_curve_rows, curve_columns, format_table, read_bandwidth, write_json
+    from viasd.models.backend import apply_backend, resolve_backend
+    from viasd.models.pairs import load_pair
+
+    c = cfg.curve
+    backends = [resolve_backend(str(b), cfg.pair.device) for b in c.backends]
+    if "eager" in backends[1:]:
+        raise ConfigError("curve.backends: list eager first (the other backends are built from it)")
+    ks = list(range(1, int(c.ks) + 1))
+    if c.get("random_model"):
+        pair = random_pair(c.random_model, backends[0])
+    else:
+        pair = load_pair(cfg.pair, backend=backends[0])
+    bandwidth = read_bandwidth(clock=str(c.clock))
+
+    def variant(backend):
+        p = copy.copy(pair) if c.interleave else pair
+        if c.interleave:
+            models = (pair.target, pair.draft, pair.intermediate)
+            p.target, p.draft, p.intermediate = (copy.deepcopy(m) for m in models)
+        for m in (p.target, p.draft, p.intermediate):
+            apply_backend(m, backend)
+        return p
+
+    args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio), str(c.clock))
+    if c.interleave:
+        rows = cost_curve_rows({b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}, *args)
+    else:
+        rows = [r for i, b in enumerate(backends)
+                for r in cost_curve_rows({b: pair if i == 0 else variant(b)}, *args)]
+    print(f"\npair={pair.name} dtype={pair.extras['runtime']['dtype']} threads={torch.get_num_threads()} "
+          f"context={c.context} reps={c.reps} clock={c.clock} interleaved={c.interleave} "
+          f"read bandwidth={bandwidth / 1e9:.1f} GB/s")
+    print(format_table(rows, curve_columns(ks)))
+    write_json(c.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "context": c.context,
+                             "reps": c.reps, "clock": c.clock, "interleaved": c.interleave,
+                             "read_bandwidth_Bps": bandwidth,
+                             "dtype": pair.extras["runtime"]["dtype"]})
+    print(f"wrote {c.out}")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     import torch
@@ -43,6 +116,8 @@ def main(cfg: DictConfig) -> None:
     transformers.logging.set_verbosity_error()
     try:
         torch.set_num_threads(int(cfg.threads))
+        if cfg.cost_curve:
+            return run_cost_curve(cfg)
         pair = load_pair(cfg.pair)
         variants = [Variant(m, m, {} if m == "ar" else {"gamma": int(cfg.gamma)}) for m in cfg.methods]
         for label, v in OmegaConf.to_container(cfg.variants, resolve=True).items():
@@ -55,13 +130,18 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"\npair={pair.name} dtype={cfg.pair.dtype} threads={cfg.threads} prompts={len(prompts)} "
+    runtime = pair.extras["runtime"]
+    print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} "
+          f"prompts={len(prompts)} "
           f"max_new_tokens={cfg.max_new_tokens} gamma={cfg.gamma}")
     print(format_table(rows))
     write_json(cfg.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "gamma": cfg.gamma,
-                               "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens})
+                               "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+                               "runtime": runtime})
     print(f"wrote {cfg.out}")
 
 
 if __name__ == "__main__":
+    if "--cost-curve" in sys.argv:  # a flag, not a Hydra override: turn it into one
+        sys.argv = [a for a in sys.argv if a != "--cost-curve"] + ["cost_curve=true"]
     main()

@@ -22,3 +22,19 @@ def test_bench_command_prints_table_and_writes_json(tmp_path):
     assert set(rows) == {"ar", "sd", "hf_assisted", "sd_ngram"}
     assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["sd"]["agreement_with_ar"] == 1.0
     assert rows["sd"]["target_calls"] < rows["ar"]["target_calls"] or rows["sd"]["rejection_rate"] > 0.5
+    assert rows["sd"]["block_cost_T"] > 0 and rows["sd"]["ideal_speedup_flat"] > 0
+    assert json.loads(out.read_text())["meta"]["runtime"]["backend"] == "packed"
+
+
+def test_cost_curve_command_covers_every_model_and_backend(tmp_path):
+    out = tmp_path / "curve.json"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    r = subprocess.run([sys.executable, "-m", "experiments.bench", "--cost-curve", "pair=tiny-qwen2", "curve.ks=3",
+                        "curve.reps=1", "curve.context=32", f"curve.out={out}"],
+                       cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| backend | model | weight_mb | t1_ms | r1 | r2 | r3 | floor_ms | floor_frac |" in r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["backend"], row["model"]) for row in rows] == [
+        (b, m) for b in ("eager", "packed") for m in ("draft", "slim@0.80", "target")]
+    assert all(row["r1"] == 1.0 and row["r3"] > 0 and row["floor_ms"] > 0 for row in rows)

@@ -10,6 +10,7 @@ import torch
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.models.backend import PackedLinear, apply_backend
 from viasd.models.routing import RoutingPlan, decoder_layers, num_layers
 
 
@@ -33,6 +34,7 @@ def physically_pruned(model, kept):
                 src = f"{stem}{kept[j]}." + k[len(stem):].split(".", 1)[1]
         new[k] = sd[src]
     ref.load_state_dict(new)
+    apply_backend(ref, "packed" if any(isinstance(x, PackedLinear) for x in model.modules()) else "eager")
     return ref
 
 

@@ -3,8 +3,15 @@
 Methods run interleaved per prompt (so drift in machine load hits all of them alike) after a
 warm-up. Reported per method: tokens/s, speedup over ``ar``, rejection rate, mean accepted
 length, tokens per target call, forward calls per model, the cost ratio ``c`` (draft 1-token
-forward / target 1-token forward) and the ideal speedup ``(1−α^{γ+1})/((1−α)(γc+1))`` from the
-measured acceptance ``α = 1 − rejection rate``, and agreement of the output with ``ar``'s.
+forward / target 1-token forward), the measured block cost ``T = t(γ+1)/t(1)`` of the target
+(from :func:`cost_curve` in the same process) and the ideal speedup
+``(1−α^{γ+1})/((1−α)(γc+T))`` from the measured acceptance ``α = 1 − rejection rate`` (with
+``T = 1`` it is Leviathan et al.'s bound, kept as ``ideal_speedup_flat``), and agreement of
+the output with ``ar``'s.
+
+:func:`cost_curve` measures one model's forward time for 1..K new tokens after a fixed cached
+context, as ratios ``t(k)/t(1)``, next to the model's bandwidth floor (bytes of the weights a
+token reads / measured single-thread read bandwidth, :func:`read_bandwidth`).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +29,11 @@ from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig
 from viasd.decoding.api import decode
+from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.result import DecodeResult
-from viasd.decoding.rules import ideal_speedup
+from viasd.decoding.rules import expected_tokens, ideal_speedup
+from viasd.models.backend import PackedLinear
+from viasd.models.routing import RoutingPlan, decoder_layers
 from viasd.runner import aggregate
 
 
@@ -35,6 +46,12 @@ class Variant:
     cfg: dict[str, Any] = field(default_factory=dict)
 
 
+def ideal_with_block_cost(alpha: float, gamma: int, c: float, block: float) -> float:
+    """Ideal speedup ``(1 − α^{γ+1}) / ((1 − α)(γc + T))`` with the measured verification cost
+    ``T = t(γ+1)/t(1)`` of a γ+1-token block (``T = 1`` gives Leviathan et al. 2023, Thm. 3.8)."""
+    return expected_tokens(alpha, gamma) / (gamma * c + block)
+
+
 def agreement(a: list[int], b: list[int]) -> float:
     """Fraction of positions where two token sequences agree (over the longer length)."""
     n = max(len(a), len(b))
@@ -42,12 +59,22 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 
 def run_bench(pair, prompts: list[str], variants: list[Variant], gen: GenerationConfig, warmup: int = 1,
-              seed: int = 0, progress: bool = True) -> list[dict[str, Any]]:
-    """Run every variant on every prompt; returns one row of statistics per variant."""
+              seed: int = 0, progress: bool = True, curve_reps: int = 3) -> list[dict[str, Any]]:
+    """Run every variant on every prompt; returns one row of statistics per variant.
+
+    ``warmup`` untimed decodes per variant come first; then the target's block costs
+    ``t(γ+1)/t(1)`` are measured (:func:`cost_curve` on CPU time, ``curve_reps`` repeats, at the
+    mean prompt length plus half the generation) for the ideal-speedup column.
+    """
     ids = [pair.encode(p) for p in prompts]
     for v in variants:  # warm-up (allocator, kernels)
         for x in ids[:warmup]:
             decode(pair, x, v.method, v.cfg, gen, seed=seed)
+    gammas = sorted({int(v.cfg["gamma"]) for v in variants if v.cfg.get("gamma")})
+    context = int(sum(x.shape[1] for x in ids) / len(ids)) + gen.max_new_tokens // 2
+    curve = {1: 1.0}
+    if gammas:
+        curve = cost_curve(pair.target, [1] + [g + 1 for g in gammas], context, curve_reps, clock="cpu")
     results: dict[str, list[DecodeResult]] = {v.label: [] for v in variants}
     for i, x in enumerate(tqdm(ids, desc="bench", unit="prompt", disable=not progress)):
         for v in variants:
@@ -66,12 +93,16 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
                 c = (agg[f"{name}_s"] / agg[f"{name}_calls"]) / ar_target_s
         if v.cfg.get("drafter", {}).get("name") == "ngram":
             c = 0.0
-        ideal = ideal_speedup(alpha, int(gamma), c) if gamma and not (math.isnan(alpha) or math.isnan(c)) else math.nan
+        known = gamma and not (math.isnan(alpha) or math.isnan(c))
+        block = curve[int(gamma) + 1] / curve[1] if gamma else math.nan
+        ideal = ideal_with_block_cost(alpha, int(gamma), c, block) if known else math.nan
+        flat = ideal_speedup(alpha, int(gamma), c) if known else math.nan
         speed = agg["tokens_per_s"] / ar_tps if ar_tps else math.nan
         agree = (sum(agreement(r.tokens, b.tokens) for r, b in zip(results[v.label], base)) / len(base)
                  if base else math.nan)
         row = {"variant": v.label, "method": v.method, "config": v.cfg, **agg, "speedup_vs_ar": speed,
-               "alpha": alpha, "cost_ratio_c": c, "ideal_speedup": ideal,
+               "alpha": alpha, "cost_ratio_c": c, "block_cost_T": block, "ideal_speedup": ideal,
+               "ideal_speedup_flat": flat,
                "measured_over_ideal": speed / ideal if ideal and not math.isnan(ideal) else math.nan,
                "agreement_with_ar": agree}
         rows.append(row)
@@ -81,7 +112,8 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
 COLUMNS = [("variant", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup_vs_ar", "{:.2f}x"),
            ("rejection_rate", "{:.3f}"), ("mean_accepted", "{:.2f}"), ("tokens_per_target_call", "{:.2f}"),
            ("target_calls", "{:.0f}"), ("draft_calls", "{:.0f}"), ("cost_ratio_c", "{:.3f}"),
-           ("ideal_speedup", "{:.2f}x"), ("measured_over_ideal", "{:.2f}"), ("agreement_with_ar", "{:.3f}")]
+           ("block_cost_T", "{:.2f}"), ("ideal_speedup", "{:.2f}x"), ("measured_over_ideal", "{:.2f}"),
+           ("agreement_with_ar", "{:.3f}")]
 
 
 def format_table(rows: list[dict[str, Any]], columns=COLUMNS) -> str:
@@ -106,3 +138,121 @@ def write_json(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
     meta = {**meta, "host": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(Path(path), {"meta": meta, "rows": rows})
+
+
+# --------------------------------------------------------------------------- cost curves
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[int] = tuple(range(1, 9)),
+                context: int = 256, reps: int = 5, seed: int = 0,
+                clock: str = "wall") -> list[dict[int, float]]:
+    """Forward seconds of each ``(model, plan)`` scoring ``k`` new tokens after ``context`` cached ones.
+
+    Runs through the project's :class:`~viasd.decoding.cache.Stream` (routed when ``plan`` is
+    given), rolling the cache back to the context after every block. Models and ``k`` values
+    are interleaved within each repeat (one untimed warm-up round first) so load drift hits
+    them alike; the minimum over ``reps`` is kept. ``clock``: ``wall`` (perf_counter) or
+    ``cpu`` (this process's CPU time: what a forward costs when other processes share the
+    cores; with 1 torch thread it excludes the time the thread waits to be scheduled).
+
+    Returns:
+        One ``{k: seconds}`` per entry.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    hi = max(5, min(min(int(m.config.vocab_size) for m, _ in entries), 1000))
+    ctx = torch.randint(4, hi, (1, context), generator=gen)
+    streams, seqs = [], []
+    for model, plan in entries:
+        x = ctx.to(next(model.parameters()).device)
+        start = start_sequence(model, x)
+        seqs.append(x if start is x else torch.cat([start, x[:, : context - start.shape[1]]], dim=1))
+        streams.append(Stream(model, x, "curve", plan=plan))
+        streams[-1].logits(seqs[-1])
+    best = [{int(k): math.inf for k in ks} for _ in entries]
+    for r in range(reps + 1):
+        for k in best[0]:
+            new = torch.randint(4, hi, (1, k), generator=gen)
+            for stream, seq0, b in zip(streams, seqs, best):
+                seq = torch.cat([seq0, new.to(seq0.device)], dim=1)
+                t0 = CLOCKS[clock]()
+                stream.logits(seq, last=k)
+                if r:
+                    b[k] = min(b[k], CLOCKS[clock]() - t0)
+                stream.rollback(seq0.shape[1])
+    return best
+
+
+def cost_curve(model, ks: Sequence[int] = tuple(range(1, 9)), context: int = 256, reps: int = 5,
+               plan: RoutingPlan | None = None, seed: int = 0, clock: str = "wall") -> dict[int, float]:
+    """:func:`cost_curves` of one model: ``{k: seconds}``."""
+    return cost_curves([(model, plan)], ks, context, reps, seed, clock)[0]
+
+
+def weight_bytes(model, plan: RoutingPlan | None = None) -> int:
+    """Bytes of the weights one decode step reads: every linear map (LM head included) of the
+    decoder layers that run, excluding the input-embedding lookup and a T5 encoder (run once)."""
+    skipped: list[torch.nn.Module] = []
+    if plan is not None:
+        skipped += [m for i, m in enumerate(decoder_layers(model)) if i not in plan.layers]
+    if getattr(model.config, "is_encoder_decoder", False):
+        skipped.append(model.get_encoder())
+    skip = {id(m) for s in skipped for m in s.modules()}
+    size = next(model.parameters()).element_size()
+    total = sum(m.in_features * m.out_features * size for m in model.modules()
+                if isinstance(m, (torch.nn.Linear, PackedLinear)) and id(m) not in skip)
+    head = model.get_output_embeddings()
+    if not isinstance(head, (torch.nn.Linear, PackedLinear)):  # e.g. a vocabulary-subset head
+        total += head.weight.numel() * head.weight.element_size()
+    return int(total)
+
+
+def read_bandwidth(mib: int = 256, reps: int = 5, clock: str = "wall") -> float:
+    """Measured read bandwidth in bytes/s: the fastest of ``reps`` sums over a ``mib`` MiB buffer
+    (with the caller's torch thread count, the benchmarks use 1; ``clock`` as in :func:`cost_curves`)."""
+    buf = torch.ones(mib * 2**20 // 4)
+    buf.sum()
+    best = math.inf
+    for _ in range(reps):
+        t0 = CLOCKS[clock]()
+        buf.sum()
+        best = min(best, CLOCKS[clock]() - t0)
+    return buf.numel() * 4 / best
+
+
+def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | None]]:
+    """The models of a pair a cost curve covers: draft (if any), slim verifier at ``keep_ratio``
+    (routed target, decoder-only or T5) and target, as ``(label, model, plan)``."""
+    from viasd.decoding.methods.viasd import SlimConfig
+    from viasd.dimr.masks import resolve_plan
+
+    out = [("draft", pair.draft, None)] if pair.draft is not None else []
+    model, plan, _ = resolve_plan(pair, SlimConfig(keep_ratio=keep_ratio))
+    if plan is not None:
+        out.append((f"slim@{keep_ratio:.2f}", model, plan))
+    return out + [("target", pair.target, None)]
+
+
+def cost_curve_rows(pairs: dict[str, Any], bandwidth: float, ks: Sequence[int], context: int, reps: int,
+                    keep_ratio: float, clock: str = "wall") -> list[dict[str, Any]]:
+    """One row per backend (``pairs``: backend label → pair) and model of the pair (see
+    :func:`curve_models`), all measured interleaved: ``t1_ms``, ``r{k}`` = t(k)/t(1), the
+    bandwidth floor ``floor_ms`` and ``floor_frac`` = floor / t(1) (1.0 = at the floor)."""
+    entries = [(backend, label, model, plan) for backend, pair in pairs.items()
+               for label, model, plan in curve_models(pair, keep_ratio)]
+    times = cost_curves([(m, p) for _, _, m, p in entries], ks, context, reps, clock=clock)
+    rows = []
+    for (backend, label, model, plan), t in zip(entries, times):
+        floor = weight_bytes(model, plan) / bandwidth
+        rows.append({"backend": backend, "model": label, "weight_mb": weight_bytes(model, plan) / 1e6,
+                     "t1_ms": t[ks[0]] * 1e3, **{f"r{k}": t[k] / t[ks[0]] for k in ks},
+                     "floor_ms": floor * 1e3,
+                     "floor_frac": floor / t[ks[0]], "tokens_per_s_1": 1 / t[ks[0]]})
+    return rows
+
+
+def curve_columns(ks: Sequence[int]) -> list[tuple[str, str]]:
+    """Table columns of :func:`cost_curve_rows`."""
+    return ([("backend", "{}"), ("model", "{}"), ("weight_mb", "{:.0f}"), ("t1_ms", "{:.1f}")]
+            + [(f"r{k}", "{:.2f}") for k in ks] + [("floor_ms", "{:.1f}"), ("floor_frac", "{:.2f}")])

@@ -42,8 +42,9 @@ class PairConfig:
     draft: ModelSpec | None = None
     target: ModelSpec | None = None
     intermediate: ModelSpec | None = None
-    dtype: str = "float32"
+    dtype: str = "float32"  # or "auto": fp32/bf16 chosen by a probe on this machine (models.backend)
     device: str = "cpu"
+    backend: str = "auto"  # auto | eager | packed (oneDNN prepacked linears; auto = packed on CPU)
     device_map: str | None = None
     trust_remote_code: bool = False
     seed: int = 0

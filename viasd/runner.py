@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig, to_dataclass
-from viasd.decoding.api import METHODS, decode, method_config
+from viasd.decoding.api import METHODS, decode, method_config, warm_up
 from viasd.decoding.result import DecodeResult
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.errors import RunInterrupted
@@ -172,6 +172,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     method_name = cfg.method.name
     mcfg = method_config(method_name, cfg.method)  # validates before anything expensive
     task = build_task(cfg.task)
+    if hasattr(task, "preflight"):  # code tasks: refuse now, before generation, if generated code cannot run
+        task.preflight()
     gen_cfg = OmegaConf.to_container(cfg.generation, resolve=True)
     if gen_cfg.get("max_new_tokens") is None:
         gen_cfg["max_new_tokens"] = int(task.max_new_tokens)
@@ -191,7 +193,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     files = input_files(cfg)
     data = data_dir(required=False)
     meta = {"inputs": {k: {"path": str(p), "sha256": resolved["inputs"][k]} for k, p in files.items()},
-            "data_dir": str(data) if data else None, "threads": torch.get_num_threads()}
+            "data_dir": str(data) if data else None, "threads": torch.get_num_threads(),
+            "runtime": pair.extras.get("runtime", {})}
     run_dir = store.open(run_id, resolved, meta)
     mask = slim_mask_used(pair, mcfg, resolved["inputs"])
     if mask is not None:
@@ -200,8 +203,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     wb = WandbLogger(cfg.tracking, resolved, run_id, **labels)
     results: list[DecodeResult] = []
     predictions: list[str] = []
-    t0 = time.perf_counter()
     try:
+        if examples:  # one untimed short decode: one-time costs stay out of the timed examples
+            warm_up(pair, pair.encode(task.render(examples[0], pair.tokenizer)), method_name, mcfg, gen)
+        t0 = time.perf_counter()
         bar = tqdm(examples, desc=f"{labels['job_type']} on {pair.name}/{task.name}", unit="ex", file=sys.stderr)
         for i, ex in enumerate(bar):
             text = task.render(ex, pair.tokenizer)
@@ -226,7 +231,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = {"method": labels["job_type"], "method_impl": method_name, "pair": pair.name, "task": task.name,
                "n_examples": len(examples), "run_id": run_id, "seed": int(cfg.seed),
                "total_s": time.perf_counter() - t0, "lossless": METHODS.get(method_name).lossless,
-               **aggregate(results), **{f"metric/{k}": v for k, v in corpus.items()}}
+               **aggregate(results),
+               **{f"runtime/{k}": v for k, v in pair.extras.get("runtime", {}).items() if k != "dtype_probe"},
+               **{f"metric/{k}": v for k, v in corpus.items()}}
     if mask is not None:
         summary.update({"slim_mask/layers": mask["layers"], "slim_mask/source": mask["source"],
                         "slim_mask/sha256": mask["sha256"]})

@@ -92,6 +92,15 @@ def decode(
     return result
 
 
+def warm_up(pair, prompt: str | torch.Tensor, method: str, method_cfg: Any = None,
+            gen: GenerationConfig | dict | None = None, max_new_tokens: int = 8) -> None:
+    """One short untimed decode (at most ``max_new_tokens``) so one-time costs (allocator,
+    kernel selection, lazy initialisation) stay out of the first timed example."""
+    gen = to_dataclass(GenerationConfig, gen)
+    short = GenerationConfig(**{**gen.__dict__, "max_new_tokens": min(max_new_tokens, gen.max_new_tokens)})
+    decode(pair, prompt, method, method_cfg, short)
+
+
 def _load_builtin_methods() -> None:
     """Import the method modules so they register themselves."""
     from viasd.decoding.methods import ar, cascade_sd, faster_cascades, hf_assisted, sd, viasd  # noqa: F401

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.config import ModelSpec, PairConfig, to_dataclass
 from viasd.errors import ConfigError
+from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
 
@@ -130,10 +131,18 @@ def pair_config(name_or_cfg: str | PairConfig | dict) -> PairConfig:
 
 
 def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPair:
-    """Load a pair by name or config; ``overrides`` replace PairConfig fields (e.g. ``dtype``)."""
+    """Load a pair by name or config; ``overrides`` replace PairConfig fields (e.g. ``dtype``).
+
+    Applies ``pair.backend`` and ``pair.dtype: auto`` (see :mod:`viasd.models.backend`) and
+    records the choices in ``pair.extras["runtime"]`` (``dtype``, ``backend``, ``dtype_probe``).
+    """
     cfg = pair_config(name_or_cfg)
     for k, v in overrides.items():
         setattr(cfg, k, v)
+    backend = resolve_backend(cfg.backend, cfg.device if cfg.device_map is None else "cuda")
+    probe = None
+    if cfg.dtype == "auto":
+        cfg.dtype, probe = probe_dtype(cfg.device)
     dtype = resolve_dtype(cfg.dtype)
     pair = PAIR_LOADERS.get(cfg.loader)(cfg)
     check_vocab(pair)
@@ -141,6 +150,8 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
         if m is not None and cfg.device_map is None:
             m.to(device=cfg.device, dtype=dtype)
             m.eval()
+            apply_backend(m, backend)
+    pair.extras["runtime"] = {"dtype": cfg.dtype, "backend": backend, "dtype_probe": probe}
     return pair
 
 

@@ -172,8 +172,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     method_name = cfg.method.name
     mcfg = method_config(method_name, cfg.method)  # validates before anything expensive
     task = build_task(cfg.task)
-    if hasattr(task, "preflight"):  # code tasks: refuse now, before generation, if generated code cannot run
-        task.preflight()
+    task.preflight()  # e.g. code tasks refuse now, not after generation, when no sandbox is available
     gen_cfg = OmegaConf.to_container(cfg.generation, resolve=True)
     if gen_cfg.get("max_new_tokens") is None:
         gen_cfg["max_new_tokens"] = int(task.max_new_tokens)

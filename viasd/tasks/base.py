@@ -266,6 +266,9 @@ class Task:
         """What this task reads: ``local`` or ``hub`` (``auto`` resolved, see :func:`resolve_source`)."""
         return resolve_source(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name)
 
+    def preflight(self) -> None:
+        """Raise a one-line ConfigError before any generation if this task could not be scored here."""
+
     def load_rows(self) -> list[dict[str, Any]]:
         """All rows of the configured source, in the offline files' field layout."""
         rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name, self.cfg["hub_root"])

@@ -283,7 +283,7 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
         try:
             toks[role] = _tokenizer(spec, cfg)
             models[role] = _from_pretrained(spec, cfg)
-        except (OSError, ValueError, RuntimeError, EnvironmentError) as e:
+        except (OSError, ValueError, RuntimeError) as e:
             raise _load_error(role, spec, e) from e
         except Exception as e:  # safetensors' own error type for a truncated file
             if "safetensor" not in type(e).__module__.lower() + type(e).__name__.lower():

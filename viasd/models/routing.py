@@ -31,7 +31,6 @@ from transformers.masking_utils import (
 
 from viasd.errors import ConfigError
 
-
 # Attention kinds a routed pass can build masks for (the mask builders the models' forwards use).
 MASK_BUILDERS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 # Config fields that change a decoder's forward beyond the shared structure (logit / embedding /

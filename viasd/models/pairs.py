@@ -188,7 +188,7 @@ def _check_source(spec: ModelSpec, role: str) -> None:
                           "such as Qwen/Qwen2.5-0.5B-Instruct)")
     if path.is_dir() and not (path / "config.json").is_file() and not spec.gguf_file:
         raise ConfigError(f"pair.{role}.id: {path} holds no config.json; point it at a folder saved with "
-                          "save_pretrained, or a .gguf file with pair.{role}.gguf=FILE")
+                          f"save_pretrained, or a .gguf file with pair.{role}.gguf=FILE")
 
 
 def _load_error(what: str, spec: ModelSpec, e: Exception) -> ConfigError:

@@ -33,10 +33,9 @@ from viasd.errors import ConfigError
 
 # Attention kinds a routed pass can build masks for (the mask builders the models' forwards use).
 MASK_BUILDERS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-# Config fields that change a decoder's forward beyond the shared structure (logit / embedding /
-# residual multipliers of Granite, Cohere, MiniCPM, …): such models are refused, not mis-routed.
-UNROUTABLE_FIELDS = ("logit_scale", "logits_scaling", "embedding_multiplier", "residual_multiplier", "scale_emb",
-                     "scale_depth", "use_bidirectional_attention")
+# Config fields that change a decoder's forward outside its layers (logit / embedding multipliers
+# of Granite, Cohere, MiniCPM; bidirectional Gemma-3): such models are refused, not mis-routed.
+UNROUTABLE_FIELDS = ("logit_scale", "logits_scaling", "embedding_multiplier", "scale_emb", "use_bidirectional_attention")
 _PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
 
 

@@ -1,7 +1,10 @@
 """Model pairs: load a draft + target (+ optional intermediate) from a :class:`PairConfig`.
 
 Loaders are registered by kind (``tiny``, ``hf``, ``smollm2``); pair *names* are the YAML
-files under ``conf/pair/``. :func:`load_pair` checks the draft and target share a vocabulary
+files under ``conf/pair/``. ``pair=hf pair.target.id=<hub id or folder> [pair.draft.id=…]``
+(or ``pair.target.gguf=<file.gguf>``) loads any checkpoint without a YAML; its draft must
+share the target's tokenizer (compared as vocabularies; a narrower LM head is widened with
+``-inf`` logits so both produce the same width). :func:`load_pair` checks the output widths
 and sets dtype/device for all models of the pair.
 """
 
@@ -126,8 +129,31 @@ def pair_config(name_or_cfg: str | PairConfig | dict) -> PairConfig:
             for n in names:
                 reg.register(n)(n)
             reg.get(name_or_cfg)
-        return to_dataclass(PairConfig, OmegaConf.load(PAIR_CONF_DIR / f"{name_or_cfg}.yaml"))
-    return to_dataclass(PairConfig, name_or_cfg)
+        return to_dataclass(PairConfig, _gguf_specs(OmegaConf.load(PAIR_CONF_DIR / f"{name_or_cfg}.yaml")))
+    return to_dataclass(PairConfig, _gguf_specs(name_or_cfg))
+
+
+def _gguf_specs(node: Any) -> Any:
+    """Map a model spec's ``gguf: <file>`` (the command-line spelling) onto ``id`` + ``gguf_file``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    for role in ("target", "draft", "intermediate"):
+        spec = node.get(role)
+        if isinstance(spec, dict) and "gguf" in spec:
+            spec = dict(spec)
+            gguf = spec.pop("gguf")
+            if gguf:
+                f = local_path(gguf)
+                if not f.is_file():
+                    raise ConfigError(f"pair.{role}.gguf: file not found: {f}")
+                spec["id"], spec["gguf_file"] = str(f.parent), f.name
+            node[role] = spec
+    return node
 
 
 def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPair:
@@ -164,6 +190,27 @@ def _load_tiny(cfg: PairConfig) -> ModelPair:
     return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok)
 
 
+def _check_source(spec: ModelSpec, role: str) -> None:
+    """A local folder that does not exist is one clear line (not a hub lookup that fails later)."""
+    looks_local = spec.id.startswith(("/", ".", "~")) or spec.id.count("/") > 1 or "\\" in spec.id
+    path = local_path(spec.id)
+    if looks_local and not path.exists():
+        raise ConfigError(f"pair.{role}.id: folder not found: {path} (give an existing model folder or a hub id "
+                          "such as Qwen/Qwen2.5-0.5B-Instruct)")
+    if path.is_dir() and not (path / "config.json").is_file() and not spec.gguf_file:
+        raise ConfigError(f"pair.{role}.id: {path} holds no config.json; point it at a folder saved with "
+                          f"save_pretrained, or a .gguf file with pair.{role}.gguf=FILE")
+
+
+def _load_error(what: str, spec: ModelSpec, e: Exception) -> ConfigError:
+    msg = (str(e).strip().splitlines() or [""])[0][:300]
+    hint = ("the file may be truncated or corrupt: re-download or re-save it"
+            if "safetensor" in f"{type(e).__name__} {msg}".lower() or "header" in msg.lower()
+            else "check the hub id / local path, your network and HF token, or pick an offline pair (pair=smollm2)")
+    return ConfigError(f"could not load the {what} {spec.id}{'/' + spec.gguf_file if spec.gguf_file else ''} "
+                       f"({type(e).__name__}: {msg}); {hint}")
+
+
 def _from_pretrained(spec: ModelSpec, cfg: PairConfig) -> PreTrainedModel:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
@@ -176,31 +223,91 @@ def _from_pretrained(spec: ModelSpec, cfg: PairConfig) -> PreTrainedModel:
         kwargs["gguf_file"] = spec.gguf_file
     if cfg.device_map:
         kwargs["device_map"] = cfg.device_map
-    mcfg = AutoConfig.from_pretrained(spec.id, revision=spec.revision, trust_remote_code=cfg.trust_remote_code)
+    mcfg = AutoConfig.from_pretrained(spec.id, revision=spec.revision, trust_remote_code=cfg.trust_remote_code,
+                                      **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
     auto = AutoModelForSeq2SeqLM if getattr(mcfg, "is_encoder_decoder", False) else AutoModelForCausalLM
     return auto.from_pretrained(spec.id, **kwargs).eval()
 
 
-@PAIR_LOADERS.register("hf")
-def _load_hf(cfg: PairConfig) -> ModelPair:
+def _tokenizer(spec: ModelSpec, cfg: PairConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    if cfg.target is None or not cfg.target.id:
-        raise ConfigError(f"pair {cfg.name!r}: set pair.target.id to a hub id or local path")
-    try:
-        tok = AutoTokenizer.from_pretrained(cfg.target.id, revision=cfg.target.revision,
-                                            trust_remote_code=cfg.trust_remote_code)
-        target = _from_pretrained(cfg.target, cfg)
-        draft = _from_pretrained(cfg.draft, cfg) if cfg.draft and cfg.draft.id else None
-        inter = _from_pretrained(cfg.intermediate, cfg) if cfg.intermediate and cfg.intermediate.id else None
-    except OSError as e:
-        raise ConfigError(
-            f"pair {cfg.name!r}: could not load a model ({e.__class__.__name__}: {str(e).splitlines()[0]}). "
-            "Check the hub id / local path, your network and HF token, or pick an offline pair (pair=smollm2)"
-        ) from e
-    if draft is not None and cfg.draft and cfg.draft.id:
-        draft.config._name_or_path = cfg.draft.id
-    return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok, intermediate=inter)
+    return AutoTokenizer.from_pretrained(spec.id, revision=spec.revision, trust_remote_code=cfg.trust_remote_code,
+                                         **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
+
+
+class WidenedHead(torch.nn.Module):
+    """An LM head whose logits ``[.., V0]`` are extended to ``[.., vocab]`` with ``-inf``: rows a
+    checkpoint pads its embedding with beyond the shared tokenizer are never predicted."""
+
+    def __init__(self, head: torch.nn.Module, vocab: int):
+        super().__init__()
+        self.head, self.vocab = head, vocab
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [.., H]`` → ``[.., vocab]`` logits."""
+        out = self.head(hidden)
+        pad = out.new_full((*out.shape[:-1], self.vocab - out.shape[-1]), float("-inf"))
+        return torch.cat([out, pad], -1)
+
+
+def check_tokenizers(tokenizers: dict[str, PreTrainedTokenizerBase], ids: dict[str, str]) -> None:
+    """Raise one ConfigError naming both models when a tokenizer's vocabulary differs from the target's."""
+    ref = tokenizers["target"].get_vocab()
+    for role, tok in tokenizers.items():
+        if role == "target":
+            continue
+        vocab = tok.get_vocab()
+        if vocab != ref:
+            diff = len(set(vocab.items()) ^ set(ref.items()))
+            raise ConfigError(f"vocabulary mismatch: the {role} {ids[role]} and the target {ids['target']} use different "
+                              f"tokenizers ({len(vocab)} vs {len(ref)} tokens, {diff} entries differ); pick a {role} "
+                              "from the target's family (same tokenizer)")
+
+
+def widen_heads(models: list[PreTrainedModel]) -> None:
+    """Give every causal model of a pair the widest LM-head width (``-inf`` logits on the padding)."""
+    width = max(vocab_size_of(m) for m in models)
+    for m in models:
+        if vocab_size_of(m) < width:
+            if getattr(m.config, "is_encoder_decoder", False):
+                raise ConfigError(f"{m.config._name_or_path}: LM head narrower than its pair's ({width}); "
+                                  "encoder-decoder heads are not widened")
+            m.set_output_embeddings(WidenedHead(m.get_output_embeddings(), width))
+
+
+@PAIR_LOADERS.register("hf")
+def _load_hf(cfg: PairConfig) -> ModelPair:
+    specs = {role: spec for role, spec in (("target", cfg.target), ("draft", cfg.draft),
+                                            ("intermediate", cfg.intermediate)) if spec is not None and spec.id}
+    if "target" not in specs:
+        raise ConfigError(f"pair {cfg.name!r}: set pair.target.id to a hub id or model folder "
+                          "(or pair.target.gguf=FILE.gguf)")
+    for role, spec in specs.items():
+        _check_source(spec, role)
+    models, toks = {}, {}
+    for role, spec in specs.items():
+        try:
+            toks[role] = _tokenizer(spec, cfg)
+            models[role] = _from_pretrained(spec, cfg)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise _load_error(role, spec, e) from e
+        except Exception as e:  # safetensors' own error type for a truncated file
+            if "safetensor" not in type(e).__module__.lower() + type(e).__name__.lower():
+                raise
+            raise _load_error(role, spec, e) from e
+        models[role].config._name_or_path = spec.id + (f"/{spec.gguf_file}" if spec.gguf_file else "")
+    check_tokenizers(toks, {r: models[r].config._name_or_path for r in models})
+    widen_heads(list(models.values()))
+    name = cfg.name
+    if name == "hf":  # one run-store / mask-cache name per target checkpoint
+        name = "hf-" + Path(models["target"].config._name_or_path.rstrip("/")).name
+    return ModelPair(name=name, target=models["target"], draft=models.get("draft"), tokenizer=toks["target"],
+                     intermediate=models.get("intermediate"))
 
 
 def local_path(p: str | Path) -> Path:
@@ -217,6 +324,9 @@ def _load_smollm2(cfg: PairConfig) -> ModelPair:
     from viasd.models.draft_build import DraftBuildConfig, load_or_build_draft
     from viasd.models.smollm2 import load_smollm2_target
 
+    if any(spec is not None and spec.id for spec in (cfg.target, cfg.draft, cfg.intermediate)):
+        raise ConfigError("pair=smollm2 always loads the embedded SmolLM2-135M-Instruct; to run your own checkpoint "
+                          "use pair=hf pair.target.id=<hub id or folder> [pair.draft.id=...]")
     opts = dict(cfg.options)
     kind = opts.pop("draft", "trained")
     slim_layers = opts.pop("slim_layers", None)

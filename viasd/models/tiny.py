@@ -1,7 +1,7 @@
 """Tiny randomly initialized model pairs for tests and smoke runs (no download).
 
-Each builder makes a draft and a target of one architecture family (Llama, Gemma2, Qwen2,
-T5) that share a byte-level tokenizer. The target contains the draft: its first layers are the
+Each builder makes a draft and a target of one architecture family (Llama, Mistral, Qwen2,
+Qwen3, Gemma2, Gemma3 text, Phi-3, T5) that share a byte-level tokenizer. The target contains the draft: its first layers are the
 draft's layers and its extra layers add a damped residual update, so the pair agrees often
 (like a real draft/target pair) while the target costs several times more per forward.
 """
@@ -14,12 +14,20 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     T5Config,
     T5ForConditionalGeneration,
 )
@@ -28,7 +36,7 @@ from viasd.errors import ConfigError
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS, UNK = range(4)
-FAMILIES = ("llama", "gemma2", "qwen2", "t5")
+FAMILIES = ("llama", "gemma2", "qwen2", "t5", "mistral", "qwen3", "gemma3", "phi3")
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -65,9 +73,19 @@ def _causal_config(family: str, layers: int, hidden: int, vocab: int) -> transfo
         return LlamaConfig(**common)
     if family == "qwen2":
         return Qwen2Config(**common)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=hidden // 4)
+    if family == "phi3":
+        return Phi3Config(**common)
+    # Short sliding windows so tests exercise sliding-window layers with long prompts.
+    if family == "mistral":
+        return MistralConfig(**common, sliding_window=32)
     if family == "gemma2":
-        # A short sliding window so tests exercise sliding-window layers with long prompts.
         return Gemma2Config(**common, head_dim=hidden // 4, sliding_window=32, final_logit_softcapping=None)
+    if family == "gemma3":
+        # Local (sliding, own rotary base) and global layers alternate, as in Gemma-3's 5:1 pattern.
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        return Gemma3TextConfig(**common, head_dim=hidden // 4, sliding_window=32, layer_types=types)
     raise ConfigError(f"unknown tiny family {family!r}; choose one of {', '.join(FAMILIES)}")
 
 
@@ -88,7 +106,9 @@ def _t5_config(layers: int, hidden: int, vocab: int) -> T5Config:
     )
 
 
-_CAUSAL = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gemma2": Gemma2ForCausalLM}
+_CAUSAL = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "gemma2": Gemma2ForCausalLM,
+           "mistral": MistralForCausalLM, "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM,
+           "phi3": Phi3ForCausalLM}
 
 
 def build_model(family: str, layers: int, hidden: int, vocab: int = 260, seed: int = 0) -> PreTrainedModel:
@@ -114,8 +134,8 @@ def _damp_extra_layers(target: PreTrainedModel, family: str, first_extra: int, d
                 continue
             if idx < first_extra:
                 continue
-            if family == "gemma2":
-                # Gemma2 norms scale by (1 + w): post-norms set the residual branch's scale.
+            if family in ("gemma2", "gemma3"):
+                # Gemma norms scale by (1 + w): post-norms set the residual branch's scale.
                 if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
                     p.fill_(damp - 1.0)
             elif name.endswith(("o_proj.weight", "down_proj.weight", ".o.weight", ".wo.weight")):

@@ -286,6 +286,11 @@ class CascadeDrafter(Drafter):
         members: dict[str, Drafter] = {}
 
         def member(name: str) -> Drafter:
+            if name == "model" and pair.draft is None:
+                raise ConfigError(
+                    f"pair {pair.name!r} has no draft model, but a cascade level uses `model`; use levels without "
+                    "it, e.g. method.levels='[{name: self, tokens: 3, vertical: [ngram], vertical_tokens: [2]}, "
+                    "{name: ngram, tokens: 2, vertical: [], vertical_tokens: []}]'")
             if name not in members:
                 d = make_drafter(pair, prompt_ids, dataclasses.replace(options, name=name))
                 members[name] = MaxGramDrafter(d) if bigram_fallback and isinstance(d, NgramDrafter) else d

@@ -1,54 +1,29 @@
-"""The method registry and the single entry point :func:`decode`.
+"""The single entry point :func:`decode` over the method registry.
 
-Methods register with :func:`register_method` (name, typed config class, whether they are
-lossless w.r.t. the target). :func:`decode` validates inputs, seeds the generator, runs the
+Methods register with :func:`~viasd.decoding.methods.registry.register_method` (name, typed
+config class, whether they are lossless w.r.t. the target); this module imports the built-in
+method modules explicitly, so importing it registers them all. :func:`decode` validates inputs, seeds the generator, runs the
 method and fills in the decoded text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from viasd.config import GenerationConfig, to_dataclass
+from viasd.decoding.methods import ar, cascade_sd, faster_cascades, hf_assisted, sd, viasd  # noqa: F401  (registration)
+from viasd.decoding.methods.registry import METHODS, MethodSpec, register_method  # noqa: F401  (re-exported)
 from viasd.decoding.result import DecodeResult
 from viasd.errors import ConfigError
-from viasd.registry import Registry
-
-
-@dataclass
-class MethodSpec:
-    """A registered decoding method."""
-
-    name: str
-    fn: Callable[..., DecodeResult]
-    config_cls: type
-    lossless: bool
-    description: str = ""
-
-
-METHODS: Registry[MethodSpec] = Registry("method")
-
-
-def register_method(name: str, config_cls: type, lossless: bool, description: str = ""):
-    """Decorator registering ``fn(pair, prompt_ids, cfg, gen, rng) -> DecodeResult`` as ``name``."""
-
-    def deco(fn):
-        METHODS.register(name)(MethodSpec(name, fn, config_cls, lossless, description))
-        return fn
-
-    return deco
 
 
 def method_config(name: str, cfg: Any = None) -> Any:
     """The typed config of method ``name`` from a dict/DictConfig (``name`` key ignored), validated."""
     spec = METHODS.get(name)
     if cfg is not None and not isinstance(cfg, spec.config_cls):
-        from omegaconf import DictConfig, OmegaConf
-
         if isinstance(cfg, DictConfig):
             cfg = OmegaConf.to_container(cfg, resolve=True)
         cfg = {k: v for k, v in dict(cfg).items() if k != "name"}
@@ -100,10 +75,3 @@ def warm_up(pair, prompt: str | torch.Tensor, method: str, method_cfg: Any = Non
     short = GenerationConfig(**{**gen.__dict__, "max_new_tokens": min(max_new_tokens, gen.max_new_tokens)})
     decode(pair, prompt, method, method_cfg, short)
 
-
-def _load_builtin_methods() -> None:
-    """Import the method modules so they register themselves."""
-    from viasd.decoding.methods import ar, cascade_sd, faster_cascades, hf_assisted, sd, viasd  # noqa: F401
-
-
-_load_builtin_methods()

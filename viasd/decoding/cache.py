@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
+from viasd.models.routing import routed_forward
+
 
 @dataclass
 class ModelStats:
@@ -128,8 +130,6 @@ class Stream:
         new = seq[:, keep:]
         t0 = time.perf_counter()
         if self.plan is not None:
-            from viasd.models.routing import routed_forward
-
             logits = routed_forward(self.model, new, self.cache, self.plan, last, self.encoder_outputs)
         elif self.is_encoder_decoder:
             out = self.model(

@@ -12,7 +12,7 @@ verify them with the same rules. Registered drafters:
   rest). Lossless like the others: each block is verified against the distribution it was
   drawn from (one-hot for a lookup block).
 * ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
-  SWIFT; registered by :mod:`viasd.models.routing`.
+  SWIFT.
 * ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal); registered by
   :mod:`viasd.decoding.methods.cascade_sd`.
 
@@ -35,7 +35,7 @@ from viasd.config import GenerationConfig
 from viasd.decoding.cache import ModelStats, Stream
 from viasd.decoding.sampling import confidence, probs_from_logits, sample
 from viasd.errors import ConfigError, no_draft_model
-from viasd.models.pairs import vocab_size_of
+from viasd.models.routing import RoutingPlan, default_self_layers, num_layers, vocab_size_of
 from viasd.registry import Registry
 
 DRAFTERS: Registry = Registry("drafter")
@@ -197,6 +197,18 @@ def hybrid_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
 DRAFTERS.register("model")(model_drafter)
 DRAFTERS.register("ngram")(ngram_drafter)
 DRAFTERS.register("hybrid")(hybrid_drafter)
+
+
+@DRAFTERS.register("self")
+def self_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> ModelDrafter:
+    """The target run with a routing plan (``cfg.layers``, else the pair's ``self_layers``, else every
+    other layer) as its own drafter (Draft & Verify / SWIFT)."""
+    n = num_layers(pair.target)
+    layers = cfg.layers if cfg.layers is not None else pair.extras.get("self_layers") or default_self_layers(n)
+    plan = RoutingPlan.build(layers, n, what="self-drafter plan (method.drafter.layers)")
+    drafter = ModelDrafter(pair.target, prompt_ids, "self_draft")
+    drafter.stream.plan = plan
+    return drafter
 
 
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:

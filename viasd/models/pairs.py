@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from viasd.config import ModelSpec, PairConfig, to_dataclass
 from viasd.errors import ConfigError
 from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
+from viasd.models.routing import vocab_size_of  # noqa: F401  (re-exported)
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
 
@@ -89,13 +90,6 @@ class ModelPair:
         if ids.numel() == 0:
             raise ConfigError(f"prompt {text!r} tokenized to zero tokens")
         return ids.to(self.device)
-
-
-def vocab_size_of(model: PreTrainedModel) -> int:
-    """Output vocabulary size of a model: the width of its logits (the rows of its LM head, or
-    the full vocabulary of a :class:`~viasd.models.draft_model.SubsetHead`)."""
-    head = model.get_output_embeddings()
-    return int(getattr(head, "vocab", None) or head.weight.shape[0])
 
 
 def check_vocab(pair: ModelPair, draft_name: str = "draft", target_name: str = "target") -> None:

@@ -216,22 +216,8 @@ def default_self_layers(n_layers: int) -> list[int]:
     return sorted(set(range(0, n_layers, 2)) | {n_layers - 1})
 
 
-def _self_drafter(pair, prompt_ids, cfg):
-    from viasd.decoding.drafters import ModelDrafter
-
-    n = num_layers(pair.target)
-    layers = cfg.layers if cfg.layers is not None else pair.extras.get("self_layers") or default_self_layers(n)
-    plan = RoutingPlan.build(layers, n, what="self-drafter plan (method.drafter.layers)")
-    drafter = ModelDrafter(pair.target, prompt_ids, "self_draft")
-    drafter.stream.plan = plan
-    return drafter
-
-
-def _register() -> None:
-    from viasd.decoding.drafters import DRAFTERS
-
-    if "self" not in DRAFTERS:
-        DRAFTERS.register("self")(_self_drafter)
-
-
-_register()
+def vocab_size_of(model: PreTrainedModel) -> int:
+    """Output vocabulary size of a model: the width of its logits (the rows of its LM head, or
+    the full vocabulary of a :class:`~viasd.models.draft_model.SubsetHead`)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "vocab", None) or head.weight.shape[0])

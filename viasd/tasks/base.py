@@ -440,8 +440,6 @@ def build_task(cfg: Mapping[str, Any] | Any) -> Task:
     Dispatches on ``cfg.kind`` (default: ``cfg.name``); an unknown name is a ConfigError
     that suggests the closest known task.
     """
-    import viasd.tasks.kinds  # noqa: F401  (registers the task kinds)
-
     raw = _to_plain_dict(cfg)
     if not raw.get("name"):
         raise ConfigError(f"task config needs a name; known tasks: {', '.join(TASKS.names())}")

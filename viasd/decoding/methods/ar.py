@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import Stream, start_sequence
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.sampling import probs_from_logits, sample
 

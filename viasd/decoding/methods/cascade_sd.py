@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import ModelStats, Stream, start_sequence
 from viasd.decoding.drafters import (
     DRAFTERS,
@@ -54,6 +53,7 @@ from viasd.decoding.drafters import (
     NgramDrafter,
     make_drafter,
 )
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.rules import lenient_distribution, verify_block
 from viasd.decoding.sampling import confidence, probs_from_logits

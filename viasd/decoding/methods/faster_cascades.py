@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.cascade_rules import RULES, target_distribution
 from viasd.decoding.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.rules import sd_accept_prob, sd_residual
 from viasd.decoding.sampling import probs_from_logits, sample

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig as HFGenerationConfig
 
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import ModelStats
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult
 from viasd.errors import ConfigError, no_draft_model
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.decoding.rules import verify_block
 from viasd.decoding.sampling import probs_from_logits

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.api import register_method
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.decoding.methods.registry import register_method
 from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
 from viasd.decoding.rules import verify_block
 from viasd.decoding.sampling import probs_from_logits
@@ -57,6 +57,7 @@ from viasd.decoding.tiers import (
     gate_distribution,
     route_round,
 )
+from viasd.dimr.masks import slim_stream
 from viasd.errors import ConfigError
 
 
@@ -155,8 +156,6 @@ def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int]
 @register_method("viasd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
 def viasd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
-    from viasd.dimr.masks import slim_stream
-
     t0 = time.perf_counter()
     full = Stream(pair.target, prompt_ids, "target")
     slim = slim_stream(pair, prompt_ids, cfg.slim)

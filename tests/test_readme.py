@@ -22,9 +22,11 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from viasd.models.tiny import build_tiny_pair
 from viasd.paths import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"
@@ -39,11 +41,12 @@ MAKE_EXPECTS = {"run": "-m experiments.run", "test": "-m pytest"}
 
 
 def readme_commands() -> list[str]:
-    """The command lines of README.md's ```bash blocks (comments and blank lines dropped)."""
+    """The command lines of README.md's ```bash blocks (comments and blank lines dropped,
+    backslash continuations joined)."""
     blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
     lines = []
     for block in blocks:
-        for line in block.splitlines():
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             words = shlex.split(line, comments=True)
             if words:
                 lines.append(line)
@@ -61,11 +64,24 @@ def _kind(line: str) -> str:
     return "unknown"
 
 
-def tiny_form(line: str) -> list[str]:
-    """The argv this test runs for a README ``python -m experiments.<entry> …`` line."""
+def needs_gpu_or_hub(args: list[str]) -> bool:
+    """A command meant for a GPU machine with the hub: a CUDA device, the paper scale or a hub model id."""
+    hub_id = re.compile(r"pair\.\w+\.id=[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+    return any(a == "pair.device=cuda" or a == "exp.scale=paper" or (hub_id.match(a) and not a.split("=", 1)[1]
+               .startswith("/")) for a in args)
+
+
+def tiny_form(line: str, hf_folder: Path) -> list[str]:
+    """The argv this test runs for a README ``python -m experiments.<entry> …`` line: GPU/hub
+    commands as their dry run (nothing downloaded), ``/path/to/folder`` as a saved tiny model, the
+    GPU smoke script on the CPU, everything else on a tiny pair with small limits."""
     words = shlex.split(line, comments=True)
     entry = words[2].split(".", 1)[1]
-    args = [a for a in words[3:] if not a.startswith("pair.options.")]
+    if entry == "gpu_smoke":
+        return [sys.executable, "-m", words[2], "--device", "cpu", "--prompts", "1", "--max-new-tokens", "4"]
+    if entry == "run" and needs_gpu_or_hub(words[3:]):
+        return [sys.executable, "-m", words[2], *[a for a in words[3:] if a != "dry_run=true"], "dry_run=true"]
+    args = [a.replace("/path/to/folder", str(hf_folder)) for a in words[3:] if not a.startswith("pair.options.")]
     pair = next((a for a in args if a.startswith("pair=")), None)
     if pair is None or pair == "pair=smollm2":
         args = [a for a in args if a != pair] + ["pair=tiny-llama"]
@@ -92,21 +108,25 @@ def test_readme_make_targets_dry_run(line):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, synthetic_data_dir):
-    """One folder for all README commands (a printf line writes the file a later line reads)."""
+    """One folder for all README commands (a printf line writes the file a later line reads),
+    with a tiny Llama saved as a Hugging Face folder for the ``pair=hf`` examples."""
     d = tmp_path_factory.mktemp("readme")
+    _, target, tokenizer = build_tiny_pair("llama")
+    target.save_pretrained(d / "hf-folder")
+    tokenizer.save_pretrained(d / "hf-folder")
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VIASD_RUNS_DIR": str(d / "runs"),
            "VIASD_CACHE_DIR": str(d / "cache"), "VIASD_DATA_DIR": str(synthetic_data_dir),
            "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    return d, env
+    return d, env, d / "hf-folder"
 
 
 @pytest.mark.parametrize("line", [c for c in COMMANDS if _kind(c) in ("python", "shell")])
 def test_readme_command_runs(line, workdir):
-    cwd, env = workdir
+    cwd, env, hf_folder = workdir
     if _kind(line) == "shell":
         r = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     else:
-        r = subprocess.run(tiny_form(line), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(tiny_form(line, hf_folder), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{line}\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert not (cwd / "outputs").exists(), "Hydra wrote outside the run store"

@@ -10,6 +10,7 @@ from viasd.decoding.tiers import (
     CONTINUE,
     END,
     ESCALATE,
+    KEEP,
     REWRITE,
     Step,
     agreement_scores,
@@ -86,10 +87,15 @@ def test_low_band_escalates_even_when_the_slim_is_confident():
     assert actions(greedy_route(tau_accept=0.9, tau_escalate=0.5, tau_slim=0.4)) == [CONTINUE, REWRITE]
 
 
-def test_slim_rewrite_may_keep_the_draft_token():
-    """Block ``[y_2]``: medium agreement (0.583) and slim argmax = y_2: tier 2 emits the draft's own token."""
+def test_slim_keeping_the_draft_token_goes_on_routing():
+    """Block ``[y_2]``: medium agreement (0.583) and slim argmax = y_2: tier 2 emits the draft's own
+    token, so the round is not cut there — it goes on to the bonus position."""
     r = greedy_route(y=Y[2:], p_gate=P_GATE[2:], q_gate=Q_GATE[2:], tau_accept=0.9, tau_slim=0.3)
-    assert r.steps == [Step(0, 2, REWRITE, "slim")] and r.token == 3 and r.accepted == 0
+    assert r.steps == [Step(0, 2, KEEP, "slim"), Step(1, 0, BONUS, "slim")]
+    assert r.accepted == 1 and r.token == 2
+    # a kept position followed by an unsure slim verifier escalates after it
+    r = greedy_route(y=Y[2:], p_gate=P_GATE[2:], q_gate=Q_GATE[2:], tau_accept=0.9, tau_slim=0.3, slim_bonus=False)
+    assert actions(r) == [KEEP, END] and r.accepted == 1
 
 
 def test_reverify_on_escalation_verifies_from_the_first_token():

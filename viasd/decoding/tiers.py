@@ -20,7 +20,9 @@ Bands of the agreement ``s_i`` (position ``i`` of the block, in order):
 
 * ``s_i ≥ τ_accept`` → **tier 1**: accept ``y_i``, go on to ``i + 1``;
 * ``τ_escalate ≤ s_i < τ_accept`` → **tier 2** if the slim verifier is confident
-  (``max q̂'_i ≥ τ_slim``): emit its correction and end the round; else tier 3;
+  (``max q̂'_i ≥ τ_slim``): emit its correction and end the round — unless the correction *is*
+  the draft token, in which case the rest of the block is still conditioned on what was
+  emitted and routing goes on to ``i + 1`` (``slim_keep``); else tier 3;
 * ``s_i < τ_escalate`` → **tier 3**: escalate — the full model verifies ``y_i..y_γ`` (or the
   whole block with ``reverify_on_escalation``) as in standard SD, and ends the round.
 
@@ -41,7 +43,8 @@ from viasd.decoding.rules import acceptance_rate, sd_accept_prob, sd_residual
 from viasd.decoding.sampling import sample
 
 #: Actions of :class:`Step`.
-CONTINUE, REWRITE, ESCALATE, BONUS, END = "continue", "slim_rewrite", "escalate", "slim_bonus", "end"
+CONTINUE, KEEP, REWRITE, ESCALATE, BONUS, END = (
+    "continue", "slim_keep", "slim_rewrite", "escalate", "slim_bonus", "end")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Step:
     """The decision at one routed position.
 
     ``tier``: 1, 2 or 3 (0 at the bonus position when it does not escalate); ``action``: one of
-    ``continue`` (tier 1 accepts the draft token), ``slim_rewrite`` (tier 2), ``escalate``
+    ``continue`` (tier 1 accepts the draft token), ``slim_keep`` (tier 2 emits the draft token
+    itself; routing goes on), ``slim_rewrite`` (tier 2 emits another token), ``escalate``
     (tier 3), ``slim_bonus``, ``end``; ``source``: who supplies the token at this position —
     ``draft``, ``slim``, ``full`` (decided after escalation) or ``none``.
     """
@@ -64,9 +68,9 @@ class Step:
 class Route:
     """The routing of one round.
 
-    ``steps``: one :class:`Step` per routed position (the tier-1 positions, then the position
-    that ended the round); positions after it are not routed. ``accepted``: leading draft
-    tokens accepted by tier 1. ``token``: the slim verifier's token (rewrite or bonus), else
+    ``steps``: one :class:`Step` per routed position (the tier-1 and ``slim_keep`` positions, then
+    the position that ended the round); positions after it are not routed. ``accepted``: leading
+    draft tokens emitted as drafted (tier 1 or ``slim_keep``). ``token``: the slim verifier's token (rewrite or bonus), else
     ``None``. ``verify_from``: for ``escalate``, the first draft position the full model
     verifies (``0`` with ``reverify_on_escalation``, else the escalating position).
     ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i``.
@@ -168,7 +172,11 @@ def route_round(
             steps.append(Step(i, 1, CONTINUE, "draft"))
             continue
         if s[i] >= tau_escalate and conf[i] >= tau_slim:
-            return done(Step(i, 2, REWRITE, "slim"), int(sample(sd_residual(p[i], q_slim[i]), rng)))
+            token = int(sample(sd_residual(p[i], q_slim[i]), rng))
+            if token == int(draft[i]):  # the slim verifier emits the draft's own token: the block stays valid
+                steps.append(Step(i, 2, KEEP, "slim"))
+                continue
+            return done(Step(i, 2, REWRITE, "slim"), token)
         return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
     raise AssertionError("unreachable: the bonus position always ends the round")
 

@@ -28,8 +28,9 @@ property of their logits, not of the decoding temperature; ``gate_temperature`` 
 every round escalates at its first token and the method reduces exactly to ``sd`` (greedy:
 the target's own output; sampling: the same tokens as ``sd`` for the same seed).
 ``τ_escalate = 0`` has no low band (every non-accepted token may be rewritten by a confident
-slim verifier). Counters: ``tier1_accepted``, ``tier2_regenerated`` (of which
-``tier2_kept``: the rewrite equals the draft token), ``slim_bonus``, ``escalations``,
+slim verifier). Counters: ``tier1_accepted``, ``tier2_regenerated`` (tier 2 emitted another
+token and ended the round), ``tier2_kept`` (tier 2 emitted the draft's own token and routing
+went on), ``slim_bonus``, ``escalations``,
 ``tier3_accepted``/``tier3_rejected``; ``accepted`` = drafted tokens emitted as drafted.
 """
 
@@ -51,6 +52,7 @@ from viasd.decoding.sampling import probs_from_logits
 from viasd.decoding.tiers import (
     BONUS,
     ESCALATE,
+    KEEP,
     REWRITE,
     Route,
     escalate_at_once,
@@ -133,6 +135,8 @@ def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int]
     tokens the full model accepted after an escalation (0 otherwise).
     """
     k, kept = len(drafted), emitted_as_drafted(drafted, tokens)
+    routed_to = route.verify_from if route.action == ESCALATE else route.accepted  # positions the round's gate kept
+    slim_kept = sum(st.action == KEEP and st.position < routed_to for st in route.steps)
     if route.action == ESCALATE:
         verified = k - route.verify_from
         c.bump("escalations")
@@ -142,10 +146,10 @@ def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int]
         c.corrected += full_accepted < verified
     elif route.action == REWRITE:
         c.bump("tier2_regenerated")
-        c.bump("tier2_kept", int(kept > route.accepted))
     elif route.action == BONUS:
         c.bump("slim_bonus")
-    c.bump("tier1_accepted", route.verify_from if route.action == ESCALATE else route.accepted)
+    c.bump("tier2_kept", slim_kept)
+    c.bump("tier1_accepted", routed_to - slim_kept)
     c.rounds += 1
     c.drafted += k
     c.accepted += kept

@@ -38,3 +38,14 @@ def test_cost_curve_command_covers_every_model_and_backend(tmp_path):
     assert [(row["backend"], row["model"]) for row in rows] == [
         (b, m) for b in ("eager", "packed") for m in ("draft", "slim@0.80", "target")]
     assert all(row["r1"] == 1.0 and row["r3"] > 0 and row["floor_ms"] > 0 for row in rows)
+
+
+def test_bench_never_writes_the_committed_results_by_default(monkeypatch, tmp_path):
+    """Only an explicit ``out=bench_results/…`` writes the tracked tables; the default is the run store."""
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setenv("VIASD_RUNS_DIR", str(tmp_path))
+    for name in ("bench", "bench_smollm2", "bench_qwen2_1.5b"):
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name=name)
+        assert str(cfg.out).startswith(str(tmp_path)) and str(cfg.curve.out).startswith(str(tmp_path)), name

@@ -33,7 +33,9 @@ def test_search_writes_artifact_that_auto_picks_up(deep_pair, tmp_path, monkeypa
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
     cfg = SearchConfig(keep_ratio=0.5, n_random=6, n_trials=12, n_calibration=6, seq_len=24,
                        objective="pythagorean", calibration=["builtin"])
-    art = search_mask(deep_pair, cfg, progress=False)
+    live: list[dict] = []
+    art = search_mask(deep_pair, cfg, progress=False, on_trial=live.append)
+    assert live == art["trials"]  # every trial reaches the callback as it is evaluated (W&B logs them live)
     path = mask_path("tiny-llama-8", 0.5, "pythagorean")
     saved = json.loads(path.read_text())
     assert saved["layers"] == art["layers"] and len(art["layers"]) == 4

@@ -280,10 +280,7 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
     run_id = run_id_for(resolved)
     wb = WandbLogger(cfg.tracking, resolved, run_id, **labels_for(resolved))
-    art = search_mask(pair, scfg)
-    log_trial = wb.trial_logger()  # TODO(lead): pass as the search's per-trial callback once it takes one
-    for t in art["trials"]:
-        log_trial(t)
+    art = search_mask(pair, scfg, on_trial=wb.trial_logger())  # trials reach W&B as they run
     rnd = art["baselines"]["random"]
     print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
           f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")

@@ -23,6 +23,7 @@ import math
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,8 +224,11 @@ def _random_baseline(calib: Calibration, n: int, cfg: SearchConfig, count: int) 
     return out
 
 
-def search_mask(pair, cfg: SearchConfig, progress: bool = True) -> dict[str, Any]:
+def search_mask(pair, cfg: SearchConfig, progress: bool = True,
+                on_trial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the DIMR search for one pair and budget; returns the mask artifact (and writes it).
+
+    ``on_trial`` is called with each trial's record as soon as it is evaluated (e.g. a W&B logger).
 
     The artifact's ``n_trials`` counts the budget trials (random + BO); ``n_screen`` the
     screening evaluations (each single-layer drop, then the seed); ``n_evaluations`` both;
@@ -251,6 +255,8 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True) -> dict[str, Any
             seen[mask] = calib.evaluate(list(mask), cfg.objective)
         trials.append({"number": number, "phase": phase, "layers": list(mask), **seen[mask],
                        "elapsed_s": time.perf_counter() - t0})
+        if on_trial is not None:
+            on_trial(trials[-1])
         return seen[mask]
 
     importance: dict[int, float] = {}

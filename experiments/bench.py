@@ -16,7 +16,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from viasd.errors import ConfigError
+from viasd.errors import ConfigError, one_line_errors
 
 
 def load_prompts(spec: str, n: int, tokenizer=None) -> list[str]:
@@ -114,7 +114,7 @@ def main(cfg: DictConfig) -> None:
     from viasd.models.pairs import load_pair
 
     transformers.logging.set_verbosity_error()
-    try:
+    with one_line_errors():
         torch.set_num_threads(int(cfg.threads))
         if cfg.cost_curve:
             return run_cost_curve(cfg)
@@ -127,9 +127,6 @@ def main(cfg: DictConfig) -> None:
         gen = GenerationConfig(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                                ignore_eos=True)
         rows = run_bench(pair, prompts, variants, gen, warmup=int(cfg.warmup), seed=int(cfg.seed))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
     runtime = pair.extras["runtime"]
     print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} "
           f"prompts={len(prompts)} "

@@ -7,23 +7,17 @@ KL(p‖q'), KL(q'‖q), KL(q‖q'), the TV distances and the Pythagorean gap
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from viasd.errors import ConfigError
+from viasd.errors import one_line_errors
+from viasd.runner import run_kl
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from viasd.runner import run_kl
-
-    try:
+    with one_line_errors():
         run_kl(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -7,23 +7,17 @@ the baselines (first_k, every_other, random masks of the same budget).
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from viasd.errors import ConfigError
+from viasd.errors import one_line_errors
+from viasd.runner import run_search
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from viasd.runner import run_search
-
-    try:
+    with one_line_errors():
         run_search(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import tiny_pair
 from viasd.decoding.api import METHODS, decode
-from viasd.errors import ConfigError
+from viasd.errors import ConfigError, RunInterrupted, one_line_errors
 from viasd.models.pairs import ModelPair, load_pair
 from viasd.models.tiny import build_model
 from viasd.registry import Registry
@@ -71,3 +71,16 @@ def test_empty_prompt(prompt):
 def test_unknown_dtype():
     with pytest.raises(ConfigError, match="unknown dtype 'float8'"):
         load_pair("tiny-llama", dtype="float8")
+
+
+@pytest.mark.parametrize("exc,code,line", [
+    (ConfigError("set method.gamma"), 2, "error: set method.gamma"),
+    (KeyboardInterrupt(), 130, "interrupted: nothing was marked finished"),
+    (RunInterrupted("/runs/x"), 130, "interrupted: partial run left at /runs/x, not marked finished"),
+])
+def test_entry_points_end_in_one_line(exc, code, line, capsys):
+    """search / kl / bench wrap their body in one_line_errors: one stderr line, no traceback."""
+    with pytest.raises(SystemExit) as e, one_line_errors():
+        raise exc
+    assert e.value.code == code
+    assert capsys.readouterr().err.strip().splitlines() == [line]

@@ -9,6 +9,10 @@ the partial run's folder so the entry point can say where it was left.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class ConfigError(ValueError):
     """Bad user input or configuration; the message says how to fix it."""
@@ -36,3 +40,17 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, path: object):
         super().__init__(f"interrupted: partial run left at {path}, not marked finished")
         self.path = path
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """For command-line entry points: a ConfigError or Ctrl-C ends the command with one line on
+    stderr (exit status 2, resp. 130) instead of a traceback."""
+    try:
+        yield
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        print(e if isinstance(e, RunInterrupted) else "interrupted: nothing was marked finished", file=sys.stderr)
+        sys.exit(130)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
-from tests.test_sampling import P_THRESHOLD, exact_joint, tiny_vocab_pair
+from tests.helpers.sampling import P_THRESHOLD, chi_square_pvalue, exact_joint, tiny_vocab_pair
 from viasd.config import GenerationConfig
 from viasd.decoding.api import decode
 from viasd.decoding.cache import Stream, start_sequence
@@ -28,22 +26,6 @@ CASCADES = {
     "horizontal": {"levels": [{"name": "model", "tokens": 2}, {"name": "ngram", "tokens": 3}]},
     "ngram": {"levels": [{"name": "ngram", "tokens": 4}]},
 }
-
-
-def chi_square_pvalue(counts: dict, exact: dict) -> float:
-    """The chi-square test of tests/test_sampling.py (rare cells merged to expected count >= 5)."""
-    assert sum(counts.get(k, 0) for k in exact if exact[k] == 0) == 0  # never an impossible sequence
-    keys = [k for k in exact if exact[k] > 0]
-    n = sum(counts.values())
-    obs = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    exp = np.array([exact[k] for k in keys]) * n
-    order = np.argsort(exp)
-    obs, exp = obs[order], exp[order]
-    small = exp < 5
-    if small.any():
-        obs = np.append(obs[~small], obs[small].sum())
-        exp = np.append(exp[~small], exp[small].sum())
-    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
 
 
 # ----------------------------------------------------------------------------------- cascade_sd

@@ -15,7 +15,7 @@ import torch
 import transformers
 from hydra import compose, initialize_config_dir
 
-from tests.test_routing import _feed, physically_pruned
+from tests.helpers.routing import feed, physically_pruned
 from viasd.decoding.api import decode
 from viasd.decoding.cache import Stream, start_sequence
 from viasd.errors import ConfigError
@@ -44,11 +44,11 @@ def test_routing_full_plan_is_the_model_and_subset_is_a_pruned_copy(family):
     m, n = pair.target, num_layers(pair.target)
     ids = pair.encode(LONG)
     seq = torch.cat([start_sequence(m, ids), torch.randint(5, 200, (1, 9))], 1)
-    own = _feed(Stream(m, ids, "t"), seq, [3, 1, 5])
-    assert torch.equal(own, _feed(Stream(m, ids, "s", RoutingPlan.build(range(n), n)), seq, [3, 1, 5]))
+    own = feed(Stream(m, ids, "t"), seq, [3, 1, 5])
+    assert torch.equal(own, feed(Stream(m, ids, "s", RoutingPlan.build(range(n), n)), seq, [3, 1, 5]))
     for kept in ([0, 2], [0, 1, 3]):
-        routed = _feed(Stream(m, ids, "slim", RoutingPlan.build(kept, n)), seq, [4, 1, 4])
-        pruned = _feed(Stream(physically_pruned(m, kept), ids, "ref"), seq, [4, 1, 4])
+        routed = feed(Stream(m, ids, "slim", RoutingPlan.build(kept, n)), seq, [4, 1, 4])
+        pruned = feed(Stream(physically_pruned(m, kept), ids, "ref"), seq, [4, 1, 4])
         torch.testing.assert_close(routed, pruned, rtol=1e-5, atol=1e-5)
 
 

@@ -155,6 +155,7 @@ def route_round(
     k = draft.shape[0]
     s = agreement_scores(p_gate, q_gate[:k], draft, agreement)
     conf = q_gate.max(-1).values
+    s_, conf_, y_ = s.tolist(), conf.tolist(), draft.tolist()  # one host sync per round, not per position
     steps: list[Step] = []
 
     def done(step: Step, token: int | None = None, verify_from: int | None = None) -> Route:
@@ -165,15 +166,15 @@ def route_round(
         if forced or (i == k and k == 0):  # forced full verification, or nothing drafted to route
             return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
         if i == k:  # bonus position: every drafted token passed tier 1
-            if slim_bonus and conf[k] >= tau_slim:
+            if slim_bonus and conf_[k] >= tau_slim:
                 return done(Step(k, 0, BONUS, "slim"), int(sample(q_slim[k], rng)))
             return done(Step(k, 0, END, "none"))
-        if s[i] >= tau_accept:
+        if s_[i] >= tau_accept:
             steps.append(Step(i, 1, CONTINUE, "draft"))
             continue
-        if s[i] >= tau_escalate and conf[i] >= tau_slim:
+        if s_[i] >= tau_escalate and conf_[i] >= tau_slim:
             token = int(sample(sd_residual(p[i], q_slim[i]), rng))
-            if token == int(draft[i]):  # the slim verifier emits the draft's own token: the block stays valid
+            if token == y_[i]:  # the slim verifier emits the draft's own token: the block stays valid
                 steps.append(Step(i, 2, KEEP, "slim"))
                 continue
             return done(Step(i, 2, REWRITE, "slim"), token)

@@ -72,7 +72,7 @@ def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResu
     hooks = _count(pair.draft, stats["draft"]) + _count(pair.target, stats["target"])
     t0 = time.perf_counter()
     try:
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=rng, device=rng.device)))
         with torch.inference_mode():
             out = pair.target.generate(
                 input_ids=prompt_ids,

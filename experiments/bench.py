@@ -63,7 +63,7 @@ def run_cost_curve(cfg: DictConfig) -> None:
 
     import torch
 
-    from viasd.benchmark import cost_curve_rows, curve_columns, format_table, read_bandwidth, write_json
+    from viasd.harness.bench import cost_curve_rows, curve_columns, format_table, read_bandwidth, write_json
     from viasd.models.backend import apply_backend, resolve_backend
     from viasd.models.pairs import load_pair
 
@@ -109,7 +109,7 @@ def main(cfg: DictConfig) -> None:
     import torch
     import transformers
 
-    from viasd.benchmark import Variant, format_table, run_bench, write_json
+    from viasd.harness.bench import Variant, format_table, run_bench, write_json
     from viasd.config import GenerationConfig
     from viasd.models.pairs import load_pair
 

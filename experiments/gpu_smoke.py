@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from viasd.decoding.api import decode
+from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
 
 __all__ = ["SmokeRow", "smoke", "main"]

@@ -18,10 +18,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from viasd.errors import ConfigError
-from viasd.experiments import CONF_DIR
+from viasd.harness.grid import CONF_DIR
 from viasd.paths import runs_dir
 from viasd.report.build import REPORTS, build_all, collect
-from viasd.runner import run
+from viasd.harness.runner import run
 from viasd.tracking.store import RunStore
 
 

@@ -2,8 +2,8 @@
 
 Hydra composes ``conf/config.yaml``. With ``+exp=NAME`` the exp's grid is expanded, its
 prerequisites are checked once, and every cell runs in turn (finished runs are skipped);
-otherwise :func:`viasd.runner.run` runs one configuration. ``dry_run=true`` prints what every
-cell would load, read and need (:mod:`viasd.dryrun`) and runs nothing. Every user-facing failure
+otherwise :func:`viasd.harness.runner.run` runs one configuration. ``dry_run=true`` prints what every
+cell would load, read and need (:mod:`viasd.harness.dryrun`) and runs nothing. Every user-facing failure
 is one line on stderr: configuration errors (exit status 2) and Ctrl-C (status 130, naming the
 partial run folder, which stays unfinished and is redone by the next identical command).
 """
@@ -16,9 +16,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from viasd.dryrun import dry_run_main
+from viasd.harness.dryrun import dry_run_main
 from viasd.errors import ConfigError, RunInterrupted
-from viasd.experiments import run_cell, run_exp
+from viasd.harness.grid import run_cell, run_exp
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -11,7 +11,7 @@ import argparse
 
 
 def main(argv: list[str] | None = None) -> None:
-    from viasd.experiments import exp_names, sweep_command
+    from viasd.harness.grid import exp_names, sweep_command
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("exp", choices=exp_names())

@@ -8,13 +8,13 @@ import torch
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
 from tests.helpers.sampling import P_THRESHOLD, chi_square_pvalue, exact_joint, tiny_vocab_pair
 from viasd.config import GenerationConfig
-from viasd.decoding.api import decode
-from viasd.decoding.cache import Stream, start_sequence
-from viasd.decoding.cascade_rules import RULES, target_distribution, token_mixture, total_variation
-from viasd.decoding.drafters import DrafterConfig, NgramDrafter
-from viasd.decoding.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
-from viasd.decoding.rules import lenient_distribution
-from viasd.decoding.sampling import probs_from_logits
+from viasd.methods.api import decode
+from viasd.engine.stream import Stream, start_sequence
+from viasd.core.cascade_rules import RULES, target_distribution, token_mixture, total_variation
+from viasd.engine.drafters import DrafterConfig, NgramDrafter
+from viasd.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
+from viasd.core.rules import lenient_distribution
+from viasd.core.sampling import probs_from_logits
 from viasd.errors import ConfigError
 
 # Cascades: the default (draft model accelerated by ngram, then ngram), a three-deep vertical chain

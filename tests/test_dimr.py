@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.conftest import PROMPTS
-from viasd.decoding.api import decode
+from viasd.methods.api import decode
 from viasd.dimr.masks import every_other_mask, first_k_mask, mask_path, random_mask
 from viasd.dimr.search import SearchConfig, kl_geometry, search_mask
 from viasd.errors import ConfigError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import PROMPTS, tiny_pair
-from viasd.decoding.api import METHODS, decode
+from viasd.methods.api import METHODS, decode
 
 DRAFTER_NAMES = ("model", "self", "ngram", "hybrid", "cascade")
 METHOD_NAMES = ("sd", "cascade_sd", "faster_cascades", "viasd")

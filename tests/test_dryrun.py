@@ -9,9 +9,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-import viasd.dryrun as dr
+import viasd.harness.dryrun as dr
 from viasd.errors import ConfigError
-from viasd.experiments import compose_cells, exp_names
+from viasd.harness.grid import compose_cells, exp_names
 from viasd.paths import PROJECT_ROOT
 
 SCALES = ("smoke", "local", "paper")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import tiny_pair
-from viasd.decoding.api import METHODS, decode
+from viasd.methods.api import METHODS, decode
 from viasd.errors import ConfigError, RunInterrupted, one_line_errors
 from viasd.models.pairs import ModelPair, load_pair
 from viasd.models.tiny import build_model

@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from viasd.config import PairConfig, to_dataclass
-from viasd.decoding.api import method_config
-from viasd.experiments import cell_overrides, compose_cells, exp_names, run_exp, sweep_command
+from viasd.methods.api import method_config
+from viasd.harness.grid import cell_overrides, compose_cells, exp_names, run_exp, sweep_command
 from viasd.paths import PROJECT_ROOT
 from viasd.tracking.store import RunStore
 
@@ -102,7 +102,7 @@ def test_wandb_online_without_credentials_degrades_with_one_warning(runs_dir, tm
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     from hydra import compose, initialize_config_dir
 
-    from viasd.runner import run
+    from viasd.harness.runner import run
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["pair=tiny-llama", "tracking=wandb", "generation.max_new_tokens=4",

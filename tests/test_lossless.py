@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
-from viasd.decoding.api import decode
+from viasd.methods.api import decode
 
 
 def hf_greedy(pair, ids, max_new_tokens, eos):

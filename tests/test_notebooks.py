@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from viasd.experiments import run_exp
+from viasd.harness.grid import run_exp
 from viasd.paths import PROJECT_ROOT
 
 NOTEBOOKS = sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))

@@ -12,10 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import report as report_cli
-from viasd.experiments import run_exp
+from viasd.harness.grid import run_exp
 from viasd.paths import PROJECT_ROOT
 from viasd.report.build import build_all, mean_ci
-from viasd.runner import run
+from viasd.harness.runner import run
 from viasd.tracking.store import RunStore
 
 BASE = ["+exp=table2", "exp.scale=smoke", "task=prompts"]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from viasd.config import GenerationConfig
-from viasd.decoding import rules
-from viasd.decoding.sampling import probs_from_logits
+from viasd.core import rules
+from viasd.core.sampling import probs_from_logits
 
 
 def test_accept_prob_and_residual_by_hand():

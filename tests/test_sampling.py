@@ -7,7 +7,7 @@ import torch
 
 from tests.helpers.sampling import P_THRESHOLD, chi_square_pvalue, exact_joint, tiny_vocab_pair
 from viasd.config import GenerationConfig
-from viasd.decoding.api import decode
+from viasd.methods.api import decode
 
 HYBRID = {"gamma": 2, "drafter": {"name": "hybrid", "lookup_min": 1}}
 VIASD_OFF = {"gamma": 2, "tau_accept": 1.1, "tau_slim": 1.1, "tau_escalate": 0.5, "slim": {"mask": "every_other"}}

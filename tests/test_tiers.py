@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from viasd.decoding.tiers import (
+from viasd.core.tiers import (
     BONUS,
     CONTINUE,
     END,

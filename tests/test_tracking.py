@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from viasd.experiments import cell_overrides, compose_cells
+from viasd.harness.grid import cell_overrides, compose_cells
 from viasd.paths import PROJECT_ROOT
-from viasd.runner import run
+from viasd.harness.runner import run
 from viasd.tracking.store import RunStore
 
 TINY = ["pair=tiny-llama", "task=prompts", "generation.max_new_tokens=4", "task.n_examples=2"]

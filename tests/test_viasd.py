@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
-from viasd.decoding.api import decode
-from viasd.decoding.tiers import agreement_scores
+from viasd.methods.api import decode
+from viasd.core.tiers import agreement_scores
 from viasd.errors import ConfigError
 
 OFF = {"tau_accept": 1.01, "tau_slim": 1.5}

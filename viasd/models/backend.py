@@ -5,7 +5,7 @@ weight on every call, so scoring 5 tokens costs 2–3× scoring one). ``packed``
 ``nn.Linear`` *module* in place with a :class:`PackedLinear` whose weight was reordered once by
 oneDNN (``torch.ops.mkldnn._reorder_linear_weight``) and which runs
 ``torch.ops.mkldnn._linear_pointwise`` — the same prepacked-linear op that Inductor's CPU
-freezing pass emits. The model's own ``forward`` (and :mod:`viasd.models.routing`, which calls
+freezing pass emits. The model's own ``forward`` (and :mod:`viasd.engine.routing`, which calls
 the same layer modules) is untouched, so every family, every method and the KV cache logic work
 as before. ``auto`` is ``packed`` on CPU and ``eager`` elsewhere.
 

@@ -643,8 +643,8 @@ def vocab_coverage(seqs: Sequence[TeacherSeq], subset: list[int] | None) -> floa
 def lookup_agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], min_match: int = 2) -> float:
     """Top-1 agreement of the ``hybrid`` drafter's rule (teacher-forced, per position): the
     prompt-lookup token when the last ``min_match``..3 tokens recur earlier in the context,
-    else the draft's argmax. See :class:`viasd.decoding.drafters.HybridDrafter`."""
-    from viasd.decoding.drafters import NgramDrafter
+    else the draft's argmax. See :class:`viasd.engine.drafters.HybridDrafter`."""
+    from viasd.engine.drafters import NgramDrafter
 
     lookup = NgramDrafter(draft.config.vocab_size, ngram_max=3, ngram_min=min_match)
     good = total = 0

@@ -10,7 +10,7 @@ SmolLM2, the draft/target cost ratio ``c`` fell from 0.14 to 0.08 (fp32, 1 threa
 uses the draft's own (zero-outside-the-subset) distribution in the acceptance rule.
 
 ``model(input_ids).logits`` is ``[B, T, V]`` over the full vocabulary ``V =
-config.vocab_size`` like any causal LM, so every method, :class:`~viasd.decoding.cache.Stream`
+config.vocab_size`` like any causal LM, so every method, :class:`~viasd.engine.stream.Stream`
 and transformers' assisted generation use it unchanged; training code calls
 :meth:`SubsetHead.scores` for the ``[.., k]`` subset logits.
 """

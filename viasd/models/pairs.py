@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from viasd.config import ModelSpec, PairConfig, to_dataclass
 from viasd.errors import ConfigError
 from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
-from viasd.models.routing import vocab_size_of  # noqa: F401  (re-exported)
+from viasd.engine.routing import vocab_size_of  # noqa: F401  (re-exported)
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
 

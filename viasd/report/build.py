@@ -1,6 +1,6 @@
 """Rebuild every table and figure from the run store (never from anything else).
 
-For each exp, the cells are re-composed with Hydra (:func:`viasd.experiments.compose_cells`),
+For each exp, the cells are re-composed with Hydra (:func:`viasd.harness.grid.compose_cells`),
 their run ids computed exactly as the runner does, and the finished runs read from the local
 run store. Outputs go to ``<out>/<scale>/`` with the scale in every title, so a smoke report
 can never overwrite local- or paper-scale files. Every speedup is against the ``ar`` run of the

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from scipy import stats
 
-from viasd.experiments import compose_cells_with_overrides
+from viasd.harness.grid import compose_cells_with_overrides
 from viasd.registry import Registry
 from viasd.report.baseline import (
     ar_index,
@@ -27,7 +27,7 @@ from viasd.report.baseline import (
     speedup,
     tier_shares,
 )
-from viasd.runner import identity
+from viasd.harness.runner import identity
 from viasd.tracking.store import RunStore, atomic_write_json, atomic_write_text, run_id_for
 
 REPORTS: Registry[Callable[..., list[str]]] = Registry("report")

@@ -142,7 +142,7 @@ def fig_keep_ratio(runs, missing, out, store, scale):
     groups = sorted(repeat_groups(runs), key=lambda g: OmegaConf.select(g[0]["config"], "method.slim.keep_ratio"))
     t3 = [stat([tier_shares(r["summary"])["tier3"] for r in g]) for g in groups]
     fig, axes = plt.subplots(1, 2, figsize=(7, 3))
-    axes[0].errorbar(k, [float(v) for v in sp], yerr=[v.ci for v in sp], marker="o", capsize=2, label="viasd")
+    axes[0].errorbar(k, [float(v) for v in sp], yerr=[v.ci for v in sp], marker="o", capsize=2, label="via_sd")
     axes[1].errorbar(k, [float(v) for v in t3], yerr=[v.ci for v in t3], marker="o", capsize=2)
     _ar_line(axes[0], "y")
     _legend_outside(axes[0])
@@ -186,7 +186,7 @@ def fig_gap(runs, missing, out, store, scale):
         by_pair.setdefault(s["pair"], {})[s["method"]] = stat([r["speedup"] for r in g])
     pairs = list(by_pair)
     fig, ax = plt.subplots(figsize=(5, 3))
-    for m in ("sd", "viasd"):
+    for m in ("sd", "via_sd"):
         vals = [by_pair[p].get(m, Stat(math.nan)) for p in pairs]
         ax.errorbar(pairs, [float(v) for v in vals], yerr=[getattr(v, "ci", 0.0) for v in vals], marker="o",
                     capsize=2, label=m)

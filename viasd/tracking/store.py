@@ -85,10 +85,15 @@ def config_hash(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+# Method names runs were stored under before a rename (docs/migration.md): read as the new name.
+RENAMED_METHODS = {"viasd": "via_sd"}
+
+
 def method_label(method: dict[str, Any] | None) -> str:
     """The method as configured: ``sd`` with a non-model drafter is ``sd_<drafter>`` (``sd_ngram``…)."""
     method = method or {}
     name = str(method.get("name", "method"))
+    name = RENAMED_METHODS.get(name, name)
     drafter = (method.get("drafter") or {}).get("name") if isinstance(method.get("drafter"), dict) else None
     return f"sd_{drafter}" if name == "sd" and drafter and drafter != "model" else name
 
@@ -190,11 +195,14 @@ class RunStore:
         for d in sorted(self.root.iterdir()):
             s = d / "summary.json"
             if s.is_file():
+                summary = json.loads(s.read_text())
+                if summary.get("method") in RENAMED_METHODS:
+                    summary["method"] = RENAMED_METHODS[summary["method"]]
                 yield {
                     "run_id": d.name,
                     "path": d,
                     "config": yaml.safe_load((d / "config.yaml").read_text()),
-                    "summary": json.loads(s.read_text()),
+                    "summary": summary,
                 }
 
     def examples(self, run_id: str) -> list[dict[str, Any]]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig as HFGenerationConfig
 
-from viasd.decoding.cache import ModelStats
-from viasd.decoding.methods.registry import register_method
-from viasd.decoding.result import Counters, DecodeResult
+from viasd.engine.stream import ModelStats
+from viasd.methods.registry import register_method
+from viasd.engine.result import Counters, DecodeResult
 from viasd.errors import ConfigError, no_draft_model
 
 

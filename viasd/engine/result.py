@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from viasd.config import GenerationConfig
-from viasd.decoding.cache import ModelStats
+from viasd.engine.stream import ModelStats
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """VIA-SD's tier routing as pure functions over probability tensors (no model, no cache).
 
 This module owns the *gate* of VIA-SD — which tier handles each drafted position — and
-nothing else: the method loop (:mod:`viasd.decoding.methods.viasd`) drafts, runs the slim
+nothing else: the method loop (:mod:`viasd.methods.via_sd`) drafts, runs the slim
 verifier, calls :func:`route_round`, escalates to the full model when told to, and commits.
 
 Two kinds of distributions enter a round, all ``[..., V]``:
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from viasd.decoding.rules import acceptance_rate, sd_accept_prob, sd_residual
-from viasd.decoding.sampling import sample
+from viasd.core.rules import acceptance_rate, sd_accept_prob, sd_residual
+from viasd.core.sampling import sample
 
 #: Actions of :class:`Step`.
 CONTINUE, KEEP, REWRITE, ESCALATE, BONUS, END = (

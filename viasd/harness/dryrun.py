@@ -29,7 +29,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
-from viasd.experiments import compose_cells
+from viasd.harness.grid import compose_cells
 
 __all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
@@ -132,7 +132,7 @@ def _model_params(model_id: str, pair_name: str, trust_remote_code: bool) -> int
     if (Path(model_id).expanduser() / "config.json").is_file():
         return _local_params(str(Path(model_id).expanduser()), trust_remote_code)
     raise ConfigError(
-        f"pair {pair_name!r}: no parameter count for model {model_id!r} (unknown to viasd.dryrun.KNOWN_PARAMS "
+        f"pair {pair_name!r}: no parameter count for model {model_id!r} (unknown to viasd.harness.dryrun.KNOWN_PARAMS "
         "and not a local folder with config.json); fix the id, add it to KNOWN_PARAMS, or download it first"
     )
 
@@ -232,7 +232,7 @@ def _calibration(cfg: DictConfig) -> list[str]:
 
 def plan_cell(cfg: DictConfig) -> CellPlan:
     """Check one composed cell and describe it (no weights or data are downloaded)."""
-    from viasd.runner import identity
+    from viasd.harness.runner import identity
     from viasd.tasks import build_task
     from viasd.tracking.store import RunStore, run_id_for
 
@@ -240,7 +240,7 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     pair = OmegaConf.to_container(cfg.pair, resolve=True)
     plan = CellPlan(label="", entry=entry)
     if entry == "run":
-        from viasd.decoding.api import method_config
+        from viasd.methods.api import method_config
 
         method_config(cfg.method.name, cfg.method)
         task = build_task(cfg.task)

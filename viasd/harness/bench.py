@@ -28,13 +28,13 @@ import torch
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig
-from viasd.decoding.api import decode
-from viasd.decoding.cache import Stream, start_sequence
-from viasd.decoding.result import DecodeResult
-from viasd.decoding.rules import expected_tokens, ideal_speedup
+from viasd.methods.api import decode
+from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.result import DecodeResult
+from viasd.core.rules import expected_tokens, ideal_speedup
 from viasd.models.backend import PackedLinear
-from viasd.models.routing import RoutingPlan, decoder_layers
-from viasd.runner import aggregate
+from viasd.engine.routing import RoutingPlan, decoder_layers
+from viasd.harness.runner import aggregate
 
 
 @dataclass
@@ -150,7 +150,7 @@ def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[
                 clock: str = "wall") -> list[dict[int, float]]:
     """Forward seconds of each ``(model, plan)`` scoring ``k`` new tokens after ``context`` cached ones.
 
-    Runs through the project's :class:`~viasd.decoding.cache.Stream` (routed when ``plan`` is
+    Runs through the project's :class:`~viasd.engine.stream.Stream` (routed when ``plan`` is
     given), rolling the cache back to the context after every block. Models and ``k`` values
     are interleaved within each repeat (one untimed warm-up round first) so load drift hits
     them alike; the minimum over ``reps`` is kept. ``clock``: ``wall`` (perf_counter) or
@@ -224,7 +224,7 @@ def read_bandwidth(mib: int = 256, reps: int = 5, clock: str = "wall") -> float:
 def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | None]]:
     """The models of a pair a cost curve covers: draft (if any), slim verifier at ``keep_ratio``
     (routed target, decoder-only or T5) and target, as ``(label, model, plan)``."""
-    from viasd.decoding.methods.viasd import SlimConfig
+    from viasd.methods.via_sd import SlimConfig
     from viasd.dimr.masks import resolve_plan
 
     out = [("draft", pair.draft, None)] if pair.draft is not None else []

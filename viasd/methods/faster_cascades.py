@@ -5,7 +5,7 @@ One round:
 
 1. the drafter proposes ``γ`` tokens ``y_i ~ p_i``;
 2. the target scores the block in one forward (``q_i`` at ``γ + 1`` positions);
-3. a deferral rule (:mod:`viasd.decoding.cascade_rules`) builds the target ``π_i`` from ``p_i``
+3. a deferral rule (:mod:`viasd.core.cascade_rules`) builds the target ``π_i`` from ``p_i``
    and ``q_i`` with lenience ``α``;
 4. speculative sampling against ``π``: accept ``y_i`` with ``min(1, π_i(y_i)/p_i(y_i))``; at the
    first rejection sample ``norm(max(0, π_i − p_i))``; if all ``γ`` are accepted, sample a bonus
@@ -19,7 +19,7 @@ The public notebook drafts one token at a time; here blocks of ``γ ≥ 1`` are 
 without logits, e.g. ``ngram``, counts as its one-hot proposal, i.e. fully confident) and the
 target's — in greedy and sampling mode alike, as the authors' notebook does; ``π`` mixes the
 processed distributions the tokens are sampled from (temperature / top-k / top-p), and OPT's TV
-term is taken on those too, as in the notebook (:func:`~viasd.decoding.cascade_rules.opt`). Greedy mode:
+term is taken on those too, as in the notebook (:func:`~viasd.core.cascade_rules.opt`). Greedy mode:
 ``p`` and ``q`` are one-hot and ``π`` is taken one-hot on ``argmax π``, so a draft token is kept
 iff the rule keeps it, and is otherwise replaced by the target's argmax.
 
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.cache import Stream, start_sequence
-from viasd.decoding.cascade_rules import RULES, target_distribution
-from viasd.decoding.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
-from viasd.decoding.methods.registry import register_method
-from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import sd_accept_prob, sd_residual
-from viasd.decoding.sampling import probs_from_logits, sample
-from viasd.decoding.tiers import gate_distribution
+from viasd.engine.stream import Stream, start_sequence
+from viasd.core.cascade_rules import RULES, target_distribution
+from viasd.engine.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
+from viasd.methods.registry import register_method
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.core.rules import sd_accept_prob, sd_residual
+from viasd.core.sampling import probs_from_logits, sample
+from viasd.core.tiers import gate_distribution
 from viasd.errors import ConfigError
 
 
@@ -82,7 +82,7 @@ def first_rejection(draft: torch.Tensor, p: torch.Tensor, pi: torch.Tensor, rng:
 
     Accept ``y_i`` with ``min(1, π_i(y_i)/p_i(y_i))`` (speculative sampling, Leviathan et al. 2023,
     Alg. 1, with ``π`` in place of ``q``); the uniforms are drawn exactly as
-    :func:`~viasd.decoding.rules.verify_block` draws them. ``draft``: ``[k]``; ``p``, ``pi``: ``[k, V]``.
+    :func:`~viasd.core.rules.verify_block` draws them. ``draft``: ``[k]``; ``p``, ``pi``: ``[k, V]``.
     """
     k = draft.shape[0]
     if not k:

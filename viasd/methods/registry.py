@@ -1,7 +1,9 @@
 """The method registry: every decoding method registers here under a short name.
 
-Each method module decorates its loop with :func:`register_method`; :mod:`viasd.decoding.api`
-imports the built-in method modules explicitly, so importing the API registers them all.
+Each method module decorates its loop with :func:`register_method`. The built-in methods are
+listed here explicitly and imported lazily (on the first lookup of their name), so nothing
+registers by the side effect of an unrelated import. ``viasd`` is the user-facing alias of
+``via_sd`` (``method=viasd`` on the command line and in old runs' configs).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from viasd.decoding.result import DecodeResult
+from viasd.engine.result import DecodeResult
 from viasd.registry import Registry
 
 
@@ -35,3 +37,16 @@ def register_method(name: str, config_cls: type, lossless: bool, description: st
         return fn
 
     return deco
+
+
+BUILTIN = {
+    "ar": "viasd.methods.ar",
+    "sd": "viasd.methods.sd",
+    "cascade_sd": "viasd.methods.cascade_sd",
+    "faster_cascades": "viasd.methods.faster_cascades",
+    "via_sd": "viasd.methods.via_sd",
+    "hf_assisted": "viasd.methods.hf_assisted",
+}
+for _name, _module in BUILTIN.items():
+    METHODS.register_lazy(_name, _module)
+METHODS.alias("viasd", "via_sd")

@@ -112,15 +112,15 @@ def run_cell(cfg: DictConfig) -> dict[str, Any]:
     """Execute one composed cell according to ``exp.entry``."""
     entry = OmegaConf.select(cfg, "exp.entry", default="run")
     if entry == "run":
-        from viasd.runner import run
+        from viasd.harness.runner import run
 
         return run(cfg)
     if entry == "search":
-        from viasd.runner import run_search
+        from viasd.harness.runner import run_search
 
         return run_search(cfg)
     if entry == "kl":
-        from viasd.runner import run_kl
+        from viasd.harness.runner import run_kl
 
         return run_kl(cfg)
     raise ConfigError(f"unknown exp.entry {entry!r}; use run, search or kl")
@@ -129,7 +129,7 @@ def run_cell(cfg: DictConfig) -> dict[str, Any]:
 def check_prerequisites(cells: list[DictConfig]) -> None:
     """Raise the first ConfigError any cell would hit before decoding: its method config (type
     and range checks) and its task's data (each distinct task config is loaded once)."""
-    from viasd.decoding.api import method_config
+    from viasd.methods.api import method_config
     from viasd.tasks import build_task
 
     seen: set[str] = set()

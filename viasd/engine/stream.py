@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from viasd.models.routing import routed_forward
+from viasd.engine.routing import routed_forward
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Stream:
         model: a causal LM or an encoder-decoder LM.
         prompt_ids: ``LongTensor[1, P]`` prompt (encoded once for encoder-decoders).
         name: label used in statistics (``"draft"``, ``"target"``, ``"slim"`` …).
-        plan: optional :class:`~viasd.models.routing.RoutingPlan`; the stream then runs only the
+        plan: optional :class:`~viasd.engine.routing.RoutingPlan`; the stream then runs only the
             kept layers and its cache holds entries for those layers only.
     """
 

@@ -1,7 +1,7 @@
 """``sd``: vanilla speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
 
 Each round: the drafter proposes ``γ`` tokens with distributions ``p``; the target scores the
-block in one forward (``q`` at ``γ + 1`` positions); :func:`~viasd.decoding.rules.verify_block`
+block in one forward (``q`` at ``γ + 1`` positions); :func:`~viasd.core.rules.verify_block`
 accepts a prefix and adds a correction or bonus token. Lossless w.r.t. the target.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.cache import Stream, start_sequence
-from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.decoding.methods.registry import register_method
-from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import verify_block
-from viasd.decoding.sampling import probs_from_logits
+from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.methods.registry import register_method
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.core.rules import verify_block
+from viasd.core.sampling import probs_from_logits
 from viasd.errors import ConfigError
 
 

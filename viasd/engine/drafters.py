@@ -14,10 +14,10 @@ verify them with the same rules. Registered drafters:
 * ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
   SWIFT.
 * ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal); registered by
-  :mod:`viasd.decoding.methods.cascade_sd`.
+  :mod:`viasd.methods.cascade_sd`.
 
 How an EAGLE-style feature-level head plugs in: implement ``propose`` by running the head on
-the target's last hidden states (kept by a target :class:`~viasd.decoding.cache.Stream` that
+the target's last hidden states (kept by a target :class:`~viasd.engine.stream.Stream` that
 returns hidden states) and return its tokens and distributions; nothing in the methods changes.
 
 Draft-length policies (:class:`LengthPolicy`): ``constant``; ``heuristic`` (+2 after a fully
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 
 from viasd.config import GenerationConfig
-from viasd.decoding.cache import ModelStats, Stream
-from viasd.decoding.sampling import confidence, probs_from_logits, sample
+from viasd.engine.stream import ModelStats, Stream
+from viasd.core.sampling import confidence, probs_from_logits, sample
 from viasd.errors import ConfigError, no_draft_model
-from viasd.models.routing import RoutingPlan, default_self_layers, num_layers, vocab_size_of
+from viasd.engine.routing import RoutingPlan, default_self_layers, num_layers, vocab_size_of
 from viasd.registry import Registry
 
 DRAFTERS: Registry = Registry("drafter")
@@ -213,7 +213,7 @@ def self_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> ModelDra
 
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
     """Build the configured drafter for one prompt."""
-    import viasd.models.routing  # noqa: F401  (registers the ``self`` drafter)
+    import viasd.engine.routing  # noqa: F401  (registers the ``self`` drafter)
 
     return DRAFTERS.get(cfg.name)(pair, prompt_ids, cfg)
 

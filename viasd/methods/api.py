@@ -1,8 +1,8 @@
 """The single entry point :func:`decode` over the method registry.
 
-Methods register with :func:`~viasd.decoding.methods.registry.register_method` (name, typed
-config class, whether they are lossless w.r.t. the target); this module imports the built-in
-method modules explicitly, so importing it registers them all. :func:`decode` validates inputs, seeds the generator, runs the
+Methods register with :func:`~viasd.methods.registry.register_method` (name, typed
+config class, whether they are lossless w.r.t. the target); the registry lists the built-in
+ones and imports each on first use. :func:`decode` validates inputs, seeds the generator, runs the
 method and fills in the decoded text.
 """
 
@@ -14,9 +14,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.config import GenerationConfig, to_dataclass
-from viasd.decoding.methods import ar, cascade_sd, faster_cascades, hf_assisted, sd, viasd  # noqa: F401  (registration)
-from viasd.decoding.methods.registry import METHODS, MethodSpec, register_method  # noqa: F401  (re-exported)
-from viasd.decoding.result import DecodeResult
+from viasd.methods.registry import METHODS, MethodSpec, register_method  # noqa: F401  (re-exported)
+from viasd.engine.result import DecodeResult
 from viasd.errors import ConfigError
 
 

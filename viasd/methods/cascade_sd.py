@@ -6,7 +6,7 @@ This module owns the cascade drafter and the method:
 * **Vertical cascade** (:class:`VerticalDrafter`): a neural drafter's own autoregressive drafting
   is itself speculative — a smaller drafter (down to the statistical ``ngram`` model, which has
   no neural cost) proposes tokens, the neural drafter scores them in one forward and keeps them
-  with the SD rules (:func:`~viasd.decoding.rules.verify_block`), adding its own correction or
+  with the SD rules (:func:`~viasd.core.rules.verify_block`), adding its own correction or
   bonus token. Chains of any depth (``self`` ← ``model`` ← ``ngram``) nest.
 * **Horizontal cascade** (:class:`CascadeDrafter`): the block is split by position — larger
   drafters propose the earlier positions (whose acceptance matters most), smaller ones the later
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.cache import ModelStats, Stream, start_sequence
-from viasd.decoding.drafters import (
+from viasd.engine.stream import ModelStats, Stream, start_sequence
+from viasd.engine.drafters import (
     DRAFTERS,
     Drafter,
     DrafterConfig,
@@ -53,10 +53,10 @@ from viasd.decoding.drafters import (
     NgramDrafter,
     make_drafter,
 )
-from viasd.decoding.methods.registry import register_method
-from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.decoding.rules import lenient_distribution, verify_block
-from viasd.decoding.sampling import confidence, probs_from_logits
+from viasd.methods.registry import register_method
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.core.rules import lenient_distribution, verify_block
+from viasd.core.sampling import confidence, probs_from_logits
 from viasd.errors import ConfigError
 
 
@@ -71,7 +71,7 @@ class CascadeLevel:
     (``l ∈ [0, 1)``, default 0 = exact) makes every vertical link of this level lenient: a
     proposal is accepted with ``min(1, p_up(x) / ((1 − l)·p_low(x)))`` (Leviathan et al. 2023,
     App. A.5), and the level reports the distribution its tokens then actually follow
-    (:func:`~viasd.decoding.rules.lenient_distribution`), so the target's verification stays
+    (:func:`~viasd.core.rules.lenient_distribution`), so the target's verification stays
     exact. It acts in sampling mode; greedy one-hot distributions make it a no-op.
     """
 
@@ -95,7 +95,7 @@ _NON_NEURAL = ("ngram",)  # registered drafters that cannot score proposals
 
 def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
     """Validate and type a cascade description (list of dicts / :class:`CascadeLevel`)."""
-    import viasd.models.routing  # noqa: F401  (registers the ``self`` drafter)
+    import viasd.engine.routing  # noqa: F401  (registers the ``self`` drafter)
 
     if not isinstance(levels, (list, tuple)) or not levels:
         raise ConfigError(f"{where} must be a non-empty list of levels like "
@@ -179,7 +179,7 @@ class MaxGramDrafter(Drafter):
     """Prompt lookup with a bigram fallback: always proposes ``k`` tokens (one-hot, no neural cost).
 
     Args:
-        lookup: the :class:`~viasd.decoding.drafters.NgramDrafter` tried first.
+        lookup: the :class:`~viasd.engine.drafters.NgramDrafter` tried first.
     """
 
     name = "ngram"

@@ -1,7 +1,7 @@
 """Logits → probabilities and token sampling, applied identically to every model.
 
 Greedy decoding (temperature 0) is represented as a one-hot distribution on the argmax, so the
-acceptance rules of :mod:`viasd.decoding.rules` serve greedy and sampling alike.
+acceptance rules of :mod:`viasd.core.rules` serve greedy and sampling alike.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """``viasd``: three-tier verification with a routed slim verifier (VIA-SD, Xian et al., ICML 2026).
 
 This module owns the method loop and its knobs; the routing itself is the pure function
-:func:`~viasd.decoding.tiers.route_round`. One round:
+:func:`~viasd.core.tiers.route_round`. One round:
 
 1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p`` (the drafter also keeps its raw logits).
 2. **Slim pass**: one forward of ``q'`` (the target routed through a layer mask) over what it
    has not cached plus the block → raw logits at ``γ + 1`` positions.
-3. **Route** (:func:`~viasd.decoding.tiers.route_round`): the gate reads
+3. **Route** (:func:`~viasd.core.tiers.route_round`): the gate reads
    ``p̂ = softmax(draft logits / T_g)`` and ``q̂' = softmax(slim logits / T_g)``
    (``gate_temperature``, default 1). Agreement ``s_i`` (``min(1, q̂'(y_i)/p̂(y_i))`` or
    ``1 − TV``): ``s_i ≥ τ_accept`` → tier 1 (accept, continue); ``τ_escalate ≤ s_i < τ_accept``
@@ -15,7 +15,7 @@ This module owns the method loop and its knobs; the routing itself is the pure f
 4. **Escalate** (tier 3): one forward of the full model ``q`` over everything it has not cached
    plus ``y_i..y_γ``, standard SD verification (correction or bonus token), the round ends.
 5. **Commit**; each cache rolls back to its own valid length (the
-   :class:`~viasd.decoding.cache.Stream` helper); the full model may lag behind.
+   :class:`~viasd.engine.stream.Stream` helper); the full model may lag behind.
 
 **Why the gate reads raw distributions.** Emitted tokens follow the *processed* distributions
 (temperature / top-k / top-p; greedy: argmax), but in greedy mode those are one-hot, so an
@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.decoding.cache import Stream, start_sequence
-from viasd.decoding.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.decoding.methods.registry import register_method
-from viasd.decoding.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
-from viasd.decoding.rules import verify_block
-from viasd.decoding.sampling import probs_from_logits
-from viasd.decoding.tiers import (
+from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.methods.registry import register_method
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
+from viasd.core.rules import verify_block
+from viasd.core.sampling import probs_from_logits
+from viasd.core.tiers import (
     BONUS,
     ESCALATE,
     KEEP,
@@ -81,7 +81,7 @@ class SlimConfig:
 
 @dataclass
 class VIASDConfig:
-    """Every VIA-SD knob (bands of :func:`~viasd.decoding.tiers.route_round`)."""
+    """Every VIA-SD knob (bands of :func:`~viasd.core.tiers.route_round`)."""
 
     gamma: int = 4
     tau_accept: float = 0.8  # tier 1 when s_i >= tau_accept (> 1: off)
@@ -157,8 +157,8 @@ def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int]
     return kept
 
 
-@register_method("viasd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
-def viasd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
+@register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
+def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
     t0 = time.perf_counter()
     full = Stream(pair.target, prompt_ids, "target")
@@ -198,5 +198,5 @@ def viasd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         extra = {"tier": route.steps[-1].tier, "action": route.action}
         rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
     models = {**drafter.stats(), "slim": slim.stats, "target": full.stats}
-    return DecodeResult("viasd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
+    return DecodeResult("via_sd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
                         out.stop_reason)

@@ -25,8 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig, to_dataclass
-from viasd.decoding.api import METHODS, decode, method_config, warm_up
-from viasd.decoding.result import DecodeResult
+from viasd.methods.api import METHODS, decode, method_config, warm_up
+from viasd.engine.result import DecodeResult
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.errors import RunInterrupted
 from viasd.paths import data_dir
@@ -308,7 +308,7 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:
     """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
-    from viasd.decoding.methods.viasd import SlimConfig
+    from viasd.methods.via_sd import SlimConfig
     from viasd.dimr.search import calibration_texts, kl_geometry
 
     _prepare(cfg)

@@ -2,8 +2,8 @@
 
 This module owns the rules that build the *target distribution* ``π`` which ``faster_cascades``
 verifies drafts against (accept ``x ~ p`` with ``min(1, π(x)/p(x))``, on rejection sample
-``norm(max(0, π − p))`` — :func:`~viasd.decoding.rules.sd_accept_prob` /
-:func:`~viasd.decoding.rules.sd_residual`). Nothing here touches a model or a cache.
+``norm(max(0, π − p))`` — :func:`~viasd.core.rules.sd_accept_prob` /
+:func:`~viasd.core.rules.sd_residual`). Nothing here touches a model or a cache.
 
 Notation: ``p`` = drafter (small model), ``q`` = verifier (large model), ``α`` =
 lenience. Every rule takes two pairs of distributions, all ``[..., V]``:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from viasd.decoding.sampling import sample
+from viasd.core.sampling import sample
 
 EPS = 1e-12
 

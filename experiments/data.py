@@ -19,7 +19,7 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.paths import default_data_dir
 from viasd.tasks import build_task
-from viasd.tasks.kinds import HUB
+from viasd.tasks.families import HUB
 from viasd.utils.fs import atomic_write_text
 
 __all__ = ["fetch", "main"]

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from viasd.errors import ConfigError
 from viasd.paths import default_data_dir
 from viasd.tasks import build_task
-from viasd.tasks.kinds import HUB
+from viasd.tasks.families import HUB
+from viasd.utils.fs import atomic_write_text
 
 __all__ = ["fetch", "main"]
 
@@ -33,13 +32,7 @@ def fetch(task_name: str, out: Path, hub_root: str | None = None) -> Path:
     task = build_task({"name": task_name, "source": "hub", "hub_root": hub_root})
     rows = [task.offline_row(i, r) for i, r in enumerate(task.load_rows())]
     dest = out / str(task.cfg["offline_file"])
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, dest)
+    atomic_write_text(dest, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
     return dest
 
 

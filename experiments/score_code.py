@@ -26,6 +26,7 @@ from viasd.errors import ConfigError
 from viasd.tasks import build_task
 from viasd.tasks.base import Task
 from viasd.tasks.sandbox import run_programs
+from viasd.utils.fs import atomic_write_text
 
 __all__ = ["main", "read_samples", "score_samples"]
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> float:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     dest = path.with_name(path.name + "_results.jsonl")
-    dest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out), encoding="utf-8")
+    atomic_write_text(dest, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
     n_pass = sum(r["passed"] for r in out)
     print(f"pass@1 = {pass1:.2f} ({task.name}: {n_pass}/{len(out)} samples passed); results: {dest}")
     return pass1

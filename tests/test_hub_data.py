@@ -17,7 +17,7 @@ from experiments.data import fetch
 from experiments.data import main as data_main
 from viasd.errors import ConfigError
 from viasd.tasks import build_task
-from viasd.tasks.kinds import HUB
+from viasd.tasks.families import HUB
 
 
 def _hub_rows(name: str, i: int) -> dict:

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -86,17 +86,34 @@ def test_every_task_runs_end_to_end(task, runs_dir, any_data):
 
 
 def test_ctrl_c_leaves_an_unfinished_run_and_says_where(tmp_path):
+    """Ctrl-C once the decode loop has started (its progress bar is on stderr) — no fixed delay."""
     env = {**os.environ, "VIASD_RUNS_DIR": str(tmp_path), "WANDB_MODE": "disabled"}
     proc = subprocess.Popen([sys.executable, "-m", "experiments.run", "pair=tiny-llama", "method=sd",
                              "generation.max_new_tokens=2000", "generation.ignore_eos=true"],
                             cwd=tmp_path, env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.time() + 240
-    while time.time() < deadline and not list(tmp_path.glob("*/examples.jsonl")):
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    chunks: list[bytes] = []
+    in_loop = threading.Event()
+
+    def read_stderr() -> None:  # the bar "sd on tiny-llama/…" is drawn inside the run's try block
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            chunks.append(chunk)
+            if b" on tiny-llama/" in b"".join(chunks):
+                in_loop.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert in_loop.wait(timeout=240), b"".join(chunks).decode(errors="replace")[-3000:]
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=60)
+    err = b"".join(chunks).decode(errors="replace")
     run_dir = next(tmp_path.glob("*/examples.jsonl")).parent
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.replace("\r", "\n").splitlines()[-1] == f"interrupted: partial run left at {run_dir}, not marked finished"

@@ -1,7 +1,9 @@
 """The code-execution sandbox contains hostile programs and reports them as failures, quickly.
 
-Tests that need working isolation (root, util-linux namespaces) skip with the reason when
-it is unavailable; the fail-closed refusal is tested everywhere by simulating that.
+Tests that run programs need working isolation (root, util-linux namespaces) and skip with the
+reason when it is unavailable; the fail-closed refusal and the non-root fallback are tested
+everywhere in test_sandbox_fail_closed.py by simulating that. Tests marked ``no_isolation``
+check host-side helpers and run everywhere.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -25,10 +28,10 @@ from viasd.tasks.sandbox import SandboxResult, remove_tree, run_program, run_pro
 QUICK = 8.0  # seconds: every attack must be over well within this
 
 
-@pytest.fixture(scope="module", autouse=True)
-def isolated():
+@pytest.fixture(autouse=True)
+def isolated(request):
     py, why = sandbox._isolation()
-    if py is None:
+    if py is None and request.node.get_closest_marker("no_isolation") is None:
         pytest.skip(f"sandbox isolation unavailable here ({why}); the fail-closed tests cover this case")
 
 
@@ -141,6 +144,7 @@ def test_deep_tree_sample_fails_and_the_run_completes():
     assert _leftover_dirs() <= before
 
 
+@pytest.mark.no_isolation
 def test_remove_tree_copes_with_depth_and_permissions(tmp_path):
     root = tmp_path / "tree"
     d = root
@@ -222,8 +226,13 @@ def test_ipc_objects_do_not_outlive_the_sample():
 
 
 def _cgroup_bound(r: SandboxResult, limit_mb: int) -> None:
-    if r.peak_memory_mb is not None:  # a cgroup measured the whole sample
-        assert r.peak_memory_mb <= limit_mb, r.peak_memory_mb
+    """With a memory cgroup, its measured peak is within the limit; without one, none is reported."""
+    support = cgroups.cgroup_support()
+    kernel = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if support is None:
+        assert r.peak_memory_mb is None, r  # bounded per process (address space) only
+    elif support[0] == "v1" or kernel >= (5, 19):  # cgroup v2 reports memory.peak since Linux 5.19
+        assert r.peak_memory_mb is not None and 0 < r.peak_memory_mb <= limit_mb, r
 
 
 def test_memfds_stay_within_the_sample_limit():
@@ -315,18 +324,23 @@ def test_infinite_loop_times_out():
 
 
 def test_cannot_write_into_root_owned_directory():
-    target = PROJECT_ROOT / f".viasd_sandbox_probe_{uuid.uuid4().hex}"
-    if PROJECT_ROOT.stat().st_uid != 0:
-        pytest.skip("the checkout is not owned by root")
+    # The harness runs as root here (isolation needs it), so a folder it makes is root-owned 0755
+    # whoever owns the checkout.
+    folder = PROJECT_ROOT / f".viasd_sandbox_probe_{uuid.uuid4().hex}"
+    folder.mkdir(mode=0o755)
+    (folder / "existing.txt").write_text("intact")
+    os.chmod(folder / "existing.txt", 0o644)
     try:
+        assert folder.stat().st_uid == 0
         blocked = ("PermissionError", "FileNotFoundError")  # the latter when the checkout is under /tmp
-        r = run_program(f"open({str(target)!r}, 'w').write('pwned')")
+        r = run_program(f"open({str(folder / 'new.txt')!r}, 'w').write('pwned')")
         assert r.status == "failed" and any(b in r.reason for b in blocked), r
-        assert not target.exists()
-        r = run_program(f"open({str(PROJECT_ROOT / 'pyproject.toml')!r}, 'a')")
+        r = run_program(f"open({str(folder / 'existing.txt')!r}, 'a').write('pwned')")
         assert r.status == "failed" and any(b in r.reason for b in blocked), r
+        assert sorted(p.name for p in folder.iterdir()) == ["existing.txt"]
+        assert (folder / "existing.txt").read_text() == "intact"
     finally:
-        target.unlink(missing_ok=True)
+        shutil.rmtree(folder)
 
 
 def test_host_tmp_is_not_reachable(tmp_path):

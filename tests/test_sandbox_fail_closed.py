@@ -80,3 +80,31 @@ def test_root_without_cap_sys_admin_refuses_for_real(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "VIASD_UNSAFE_EXEC=1" in lines[0], proc.stderr[-2000:]
     assert not Path(str(samples) + "_results.jsonl").exists()
+
+
+@pytest.fixture
+def not_root(monkeypatch):
+    """Simulate a harness that does not run as root (the probes are cached per process: reset them)."""
+    monkeypatch.setattr(sandbox, "_is_root", lambda: False)
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    monkeypatch.delenv("VIASD_SANDBOX_PYTHON", raising=False)
+    sandbox._isolation.cache_clear()
+    sandbox._unsafe_plan.cache_clear()
+    yield
+    sandbox._isolation.cache_clear()
+    sandbox._unsafe_plan.cache_clear()
+
+
+def test_not_root_refuses_then_runs_as_the_calling_user_when_waived(not_root):
+    """Not root: no isolation ("not running as root"); waived, programs run unsandboxed as this user."""
+    assert sandbox._isolation() == (None, "not running as root")
+    with pytest.raises(ConfigError, match=r"sandbox is unavailable \(not running as root\)"):
+        sandbox.require_isolation()
+    with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC=1"):
+        run_program(RIGHT, CHECKS)
+    assert sandbox.sandbox_mode(unsafe=True) == "unsafe" and not sandbox.drops_privileges(unsafe=True)
+    assert sandbox.sandbox_python(unsafe=True) == sys.executable
+    r = run_program("import os\nprint(os.getuid())", unsafe=True)
+    assert r.passed and r.detail.strip().splitlines()[-1] == str(os.getuid()), r
+    assert [r.status for r in run_programs([RIGHT, WRONG_EXIT], [CHECKS] * 2, workers=1, unsafe=True)] == [
+        "passed", "failed"]

@@ -21,8 +21,9 @@ from tests.conftest import needs_real_data
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
 from viasd.tasks import TASKS, Example, Task, build_task
+from viasd.tasks.base import common_keys
 from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
-from viasd.tasks.kinds import extract_code_block
+from viasd.tasks.families import extract_code_block
 
 CONF = PROJECT_ROOT / "conf" / "task"
 TASK_NAMES = [
@@ -71,6 +72,17 @@ def _examples(name: str, n: int | None = 5) -> tuple[Task, list[Example]]:
 
 
 # --- registry and configs ------------------------------------------------------------
+
+
+def test_every_task_yaml_key_is_known_and_every_option_has_its_yaml_default():
+    """conf/task/*.yaml is the single source of task defaults: no unknown keys, no Python-only options."""
+    for path in sorted(CONF.glob("*.yaml")):
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        kind = TASKS.get(str(raw.get("kind") or raw["name"]))
+        known = set(common_keys()) | set(kind.options)
+        assert not set(raw) - known, f"{path.name}: unknown keys {sorted(set(raw) - known)}"
+        assert set(kind.options) <= set(raw), f"{path.name}: lacks {sorted(set(kind.options) - set(raw))}"
+        assert build_task({"name": raw["name"]}).cfg == build_task(raw).cfg  # the YAML is the default
 
 
 def test_every_task_is_registered_and_has_a_config():

@@ -35,6 +35,7 @@ from viasd.core.rules import expected_tokens, ideal_speedup
 from viasd.models.backend import PackedLinear
 from viasd.engine.routing import RoutingPlan, decoder_layers
 from viasd.harness.runner import aggregate
+from viasd.utils.fs import atomic_write_json
 
 
 @dataclass
@@ -133,8 +134,6 @@ def format_table(rows: list[dict[str, Any]], columns=COLUMNS) -> str:
 
 
 def write_json(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    from viasd.tracking.store import atomic_write_json
-
     meta = {**meta, "host": platform.node(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(Path(path), {"meta": meta, "rows": rows})

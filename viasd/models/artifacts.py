@@ -4,7 +4,8 @@ This module owns how converted models, distilled drafts and their teacher data a
 to the cache and checked on every load: a folder is built in a temporary sibling,
 ``manifest.json`` (size and sha256 of every file plus provenance) is written last, the folder
 is moved into place with ``os.replace``, and a folder whose manifest is missing or does not
-match its files is reported, deleted and rebuilt — never loaded.
+match its files is reported, deleted and rebuilt — never loaded. Single files are written
+and folders locked with :mod:`viasd.utils.fs`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import transformers
-from filelock import FileLock
+
+from viasd.utils.fs import atomic_write_text
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -52,11 +54,7 @@ def write_manifest(folder: Path, extra: dict) -> dict:
             rel = p.relative_to(folder).as_posix()
             files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     manifest = {"format": MANIFEST_FORMAT, "files": files, **extra}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / MANIFEST)
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 
@@ -106,23 +104,13 @@ def verify_manifest(folder: Path) -> str | None:
         fresh[rel] = key
     if fresh != stamp:
         with contextlib.suppress(OSError):  # a read-only cache just hashes again next time
-            tmp = folder / (VERIFIED + f".{os.getpid()}")
-            tmp.write_text(json.dumps(fresh))
-            os.replace(tmp, folder / VERIFIED)
+            atomic_write_text(folder / VERIFIED, json.dumps(fresh))
     return None
 
 
 def read_manifest(folder: Path) -> dict:
     """The parsed ``manifest.json`` of a verified folder."""
     return json.loads((folder / MANIFEST).read_text())
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock on ``path`` (held for the duration of the block)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path)):
-        yield
 
 
 def atomic_publish(tmp: Path, final: Path) -> None:

@@ -41,7 +41,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from viasd.errors import ConfigError
 from viasd.models.artifacts import (
     atomic_publish,
-    file_lock,
     hf_progress_bars,
     remove_broken,
     say,
@@ -51,6 +50,7 @@ from viasd.models.artifacts import (
 )
 from viasd.models.index_specs import INDEX_MODELS, IndexModel, Part, index_model  # noqa: F401  (re-exported)
 from viasd.paths import cache_dir
+from viasd.utils.fs import file_lock
 
 ENV_USE_HUB = "VIASD_USE_HUB"
 _CHUNK = 1 << 22

@@ -16,7 +16,6 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from viasd.models.artifacts import (  # noqa: F401  (re-exported)
     MANIFEST,
     atomic_publish,
-    file_lock,
     hf_progress_bars,
     read_manifest,
     remove_broken,
@@ -27,6 +26,7 @@ from viasd.models.artifacts import (  # noqa: F401  (re-exported)
 from viasd.models.gguf_index import converted_dir as _converted_dir
 from viasd.models.gguf_index import ensure_wheels, load_index_model
 from viasd.models.index_specs import INDEX_MODELS
+from viasd.utils.fs import file_lock  # noqa: F401  (re-exported)
 
 SPEC = INDEX_MODELS["smollm2-135m-instruct"]
 HUB_ID = SPEC.hub_id

@@ -28,7 +28,8 @@ from viasd.report.baseline import (
     tier_shares,
 )
 from viasd.harness.runner import identity
-from viasd.tracking.store import RunStore, atomic_write_json, atomic_write_text, run_id_for
+from viasd.tracking.store import RunStore, run_id_for
+from viasd.utils.fs import atomic_write_json, atomic_write_text
 
 REPORTS: Registry[Callable[..., list[str]]] = Registry("report")
 

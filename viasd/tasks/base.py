@@ -1,36 +1,40 @@
-"""Task interface, task registry and data loading shared by every evaluation task.
+"""Task interface and task registry shared by every evaluation task.
 
 This module owns:
 
 * :class:`Example` — one task input (user-message prompt, reference, metadata);
-* :class:`Task` — the base class: configuration handling (common keys plus each kind's own
-  options, unknown keys rejected), loading rows through ``datasets`` (``source: auto |
-  local | hub``: the offline file under the data folder, or the pinned parquet files of the
-  hub dataset), the seeded ``n_examples`` subset chosen by stable example ids, prompt rendering (the tokenizer's chat template when it has one, else a plain
-  template), stop-string post-processing and scoring through a metric module;
+* :class:`Task` — the base class: configuration handling (the common keys plus each kind's
+  ``options``, unknown keys rejected, defaults from ``conf/task/<kind>.yaml`` — the single
+  source of every task default, see :func:`task_defaults`), rows through
+  :mod:`viasd.tasks.loading` (``source: auto | local | hub``), the seeded ``n_examples``
+  subset chosen by stable example ids, prompt rendering (the tokenizer's chat template when
+  it has one, else a plain template), stop-string post-processing and scoring through a
+  metric module;
 * :data:`TASKS` — the registry of task kinds, and :func:`build_task`, which turns a
-  ``conf/task/<name>.yaml`` node into a task.
+  ``conf/task/<name>.yaml`` node (or a partial dict of overrides) into a task.
 
-The concrete kinds live in :mod:`viasd.tasks.kinds`.
+The concrete kinds live in :mod:`viasd.tasks.families`.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import os
+import functools
 import random
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import quote
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
+from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
+from viasd.tasks.loading import load_rows, resolve_source, subset_rank
+from viasd.tasks.metrics import load_metric
 
-__all__ = ["Example", "Task", "TASKS", "SOURCES", "build_task", "load_rows", "resolve_source", "hub_data_files"]
+__all__ = ["Example", "Task", "TASKS", "TASK_CONF", "build_task", "common_keys", "task_defaults"]
 
 
 @dataclass
@@ -51,7 +55,10 @@ class Example:
 
 TASKS: Registry[type[Task]] = Registry("task")
 
-# Keys every task config accepts, with defaults.
+#: Where each task's configuration, with all its default values, lives: ``<TASK_CONF>/<kind>.yaml``.
+TASK_CONF = PROJECT_ROOT / "conf" / "task"
+
+# Keys every task config accepts, with the neutral value a task's YAML may leave out.
 _COMMON: dict[str, Any] = {
     "name": None,
     "kind": None,  # task kind to build; defaults to ``name``
@@ -71,152 +78,40 @@ _COMMON: dict[str, Any] = {
 }
 
 
+def common_keys() -> list[str]:
+    """The config keys every task accepts (a kind adds its ``options``)."""
+    return list(_COMMON)
+
+
+@functools.cache
+def _read_task_yaml(kind: str) -> dict[str, Any]:
+    path = TASK_CONF / f"{kind}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of task config keys")
+    return data
+
+
+def task_defaults(kind: str) -> dict[str, Any]:
+    """The defaults of task kind ``kind``: ``conf/task/<kind>.yaml`` as a dict ({} if there is none).
+
+    The YAML files are the one place a task's default values are written; :class:`Task`
+    merges a config over them, so ``build_task({"name": "xsum"})`` is the same task as
+    ``experiments.run task=xsum``.
+    """
+    return copy.deepcopy(_read_task_yaml(str(kind)))
+
+
 def _to_plain_dict(cfg: Any) -> dict[str, Any]:
     if cfg is None:
         return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     if isinstance(cfg, Mapping):
         return copy.deepcopy(dict(cfg))
     raise ConfigError(f"task config must be a mapping, got {type(cfg).__name__}")
-
-
-def _datasets_cache_dir() -> str:
-    base = os.environ.get("VIASD_CACHE_DIR")
-    root = Path(base) / "datasets" if base else Path(tempfile.gettempdir()) / "viasd-datasets-cache"
-    root.mkdir(parents=True, exist_ok=True)
-    return str(root)
-
-
-SOURCES = ("auto", "local", "hub")
-_ALIASES = {"offline": "local"}
-
-
-def hub_data_files(hub: Mapping[str, Any], hub_root: str | None = None) -> str:
-    """The parquet ``data_files`` pattern of a hub dataset spec.
-
-    ``hub`` is ``{path, name, split, revision, files}``; ``files`` is a glob inside the
-    dataset repository at ``revision`` (e.g. ``default/test/*.parquet`` on XSum's
-    ``refs/convert/parquet``). Without ``hub_root`` the pattern is an ``hf://`` URL
-    (revision URL-encoded); with it, ``<hub_root>/<path>/<files>`` on disk — a local
-    mirror of the hub layout (air-gapped machines, tests).
-    """
-    files = str(hub["files"])
-    if hub_root:
-        return str(Path(hub_root).expanduser() / str(hub["path"]) / files)
-    rev = quote(str(hub.get("revision") or "main"), safe="")
-    return f"hf://datasets/{hub['path']}@{rev}/{files}"
-
-
-def _load_hub(hub: Mapping[str, Any], task_name: str, hub_root: str | None, local: Path | None = None) -> Any:
-    import datasets
-
-    where = hub_root or "the Hugging Face hub"
-    missing = f"no offline file at {local} (VIASD_DATA_DIR) and " if local else ""
-    try:
-        if hub.get("files"):
-            return datasets.load_dataset(
-                "parquet", data_files={"rows": hub_data_files(hub, hub_root)}, split="rows",
-                cache_dir=_datasets_cache_dir(),
-            )
-        return datasets.load_dataset(
-            hub["path"], hub.get("name"), split=hub.get("split", "test"), revision=hub.get("revision")
-        )
-    except Exception as e:  # network, auth, missing files: one line, never a traceback
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ConfigError(
-            f"task {task_name!r}: {missing}could not load {hub['path']}@{hub.get('revision') or 'main'} from "
-            f"{where} ({type(e).__name__}: {first}); on a machine with network run `python -m experiments.data "
-            f"fetch {task_name}` and copy VIASD_DATA_DIR here, or use task.source=local"
-        ) from None
-
-
-def resolve_source(source: str, offline_file: str | None, hub: Mapping[str, Any] | None, task_name: str) -> str:
-    """``local`` or ``hub``: what ``source`` (``auto | local | hub``; ``offline`` = ``local``) reads.
-
-    ``auto`` reads the offline file when it exists under the data folder (or as an absolute
-    path), else the hub when the task has a hub dataset, else ``local`` (whose missing-file
-    error names both fixes).
-    """
-    source = _ALIASES.get(str(source), str(source))
-    if source not in SOURCES:
-        raise ConfigError(
-            f"task {task_name!r}: source must be auto, local (offline) or hub, got {source!r}"
-        )
-    if source != "auto":
-        return source
-    if offline_file:
-        from viasd.paths import data_dir
-
-        p = Path(offline_file)
-        base = data_dir(required=False)
-        if (p.is_absolute() and p.is_file()) or (base is not None and (base / offline_file).is_file()):
-            return "local"
-    return "hub" if hub and hub.get("path") else "local"
-
-
-def load_rows(
-    source: str,
-    offline_file: str | None,
-    hub: Mapping[str, Any] | None,
-    task_name: str,
-    hub_root: str | None = None,
-) -> list[dict[str, Any]]:
-    """Rows of a task's dataset as plain dicts, through ``datasets.load_dataset``.
-
-    ``source`` (after :func:`resolve_source`) ``local`` reads ``offline_file`` (relative to
-    the data folder, see :func:`viasd.paths.data_file`, or absolute) with the ``json``
-    builder, which needs no network. ``hub`` reads the pinned parquet files of ``hub``
-    (see :func:`hub_data_files`), or ``load_dataset(path, name, split, revision)`` when
-    the spec has no ``files``; rows are in the hub's schema (tasks map them with
-    ``normalize_hub_row``). Every failure is a one-line ConfigError naming the fix.
-    """
-    import datasets
-
-    requested = _ALIASES.get(str(source), str(source))
-    source = resolve_source(source, offline_file, hub, task_name)
-    if source == "hub":
-        if not hub or not hub.get("path"):
-            raise ConfigError(
-                f"task {task_name!r} has no hub dataset; read its offline file instead (source: offline or local)"
-            )
-        local = None
-        if requested == "auto" and offline_file:
-            from viasd.paths import default_data_dir
-
-            local = Path(offline_file) if Path(offline_file).is_absolute() else default_data_dir() / offline_file
-        return [dict(r) for r in _load_hub(hub, task_name, hub_root, local)]
-    if not offline_file:
-        raise ConfigError(f"task {task_name!r}: source is local but offline_file is not set")
-    p = Path(offline_file)
-    if p.is_absolute():
-        if not p.is_file():
-            raise ConfigError(
-                f"task {task_name!r}: data file not found: {p}. Fix offline_file or set "
-                "VIASD_DATA_DIR and use a path relative to it"
-            )
-    else:
-        from viasd.paths import data_file
-
-        p = data_file(offline_file, task=task_name)
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        ds = datasets.load_dataset("json", data_files=str(p), split="train", cache_dir=_datasets_cache_dir())
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-    return [dict(r) for r in ds]
-
-
-def subset_rank(seed: int, key: str) -> str:
-    """Sort key of one row for the seeded subset: sha256 of ``"<seed>:<key>"`` (order-free)."""
-    return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
 
 
 def _has_chat_template(tokenizer: Any) -> bool:
@@ -226,24 +121,26 @@ def _has_chat_template(tokenizer: Any) -> bool:
 class Task:
     """One configured evaluation task (see the module docstring).
 
-    Subclasses set ``defaults`` (their own config keys and defaults, merged over the common
-    ones), ``metric`` (a module under ``viasd/tasks/metrics``) and implement
+    Subclasses set ``options`` (the config keys they add to the common ones; their default
+    values are in ``conf/task/<kind>.yaml``), ``metric`` (a module under
+    ``viasd/tasks/metrics``) and implement
     :meth:`make_example`; they may override :meth:`normalize_hub_row`, :meth:`few_shot`,
     :meth:`postprocess` and :meth:`score`.
     """
 
-    defaults: ClassVar[dict[str, Any]] = {}
+    options: ClassVar[tuple[str, ...]] = ()
     metric: ClassVar[str | None] = None
 
     def __init__(self, cfg: Mapping[str, Any] | Any):
         raw = _to_plain_dict(cfg)
-        allowed = {**_COMMON, **self.defaults}
+        allowed = {**_COMMON, **dict.fromkeys(self.options)}
         unknown = sorted(set(raw) - set(allowed))
         if unknown:
             raise ConfigError(
                 f"task {raw.get('name')!r}: unknown config keys {unknown}; allowed: {', '.join(sorted(allowed))}"
             )
-        self.cfg: dict[str, Any] = {**copy.deepcopy(allowed), **raw}
+        defaults = task_defaults(str(raw.get("kind") or raw.get("name")))
+        self.cfg: dict[str, Any] = {**copy.deepcopy(allowed), **defaults, **raw}
         self.name: str = str(self.cfg["name"])
         n = self.cfg["n_examples"]
         if n is not None and (not isinstance(n, int) or n < 1):
@@ -416,8 +313,6 @@ class Task:
             raise ValueError(f"{len(predictions)} predictions for {len(examples)} examples")
         if self.metric is None or not examples:
             return {}, [{} for _ in examples]
-        from viasd.tasks.metrics import load_metric
-
         out = load_metric(self.metric).compute(
             predictions=self.metric_predictions(predictions, examples),
             references=self.metric_references(examples),

@@ -35,7 +35,9 @@ opt-in, ``VIASD_UNSAFE_EXEC=1`` or the task's ``unsafe_exec: true``. With the op
 programs run with the resource limits only (as a fresh uid when root, else as the
 harness's own user, which can read its files and environment), with a warning per call.
 ``VIASD_SANDBOX_PYTHON`` picks the interpreter (default: the first of ``sys.executable``,
-``/usr/bin/python3`` that the sandbox uid runs as the same installation).
+``/usr/bin/python3`` that the sandbox uid runs as the same installation). The driver and
+the namespace stage themselves are in :mod:`viasd.tasks.sandbox_scripts`, process handling
+in :mod:`viasd.tasks.sandbox_proc`.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
 from viasd.tasks.sandbox_proc import collect, exit_words, kill_group, remove_tree
+from viasd.tasks.sandbox_scripts import DRIVER, SETUP_FAILED, SETUP_MARKER, minimal_env, namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -75,90 +78,10 @@ __all__ = [
 ]
 
 UNSAFE_ENV = "VIASD_UNSAFE_EXEC"
-_SETUP_FAILED = 125
-_SETUP_MARKER = "viasd-sandbox-setup-failed"
 _DETAIL_CHARS = 2000
 _UID_BASE = 1_500_000  # fresh uids with no passwd entry: nothing on disk is owned by them
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
-
-# The harness-owned driver, run by the sandboxed interpreter. argv: key fd, result fd, the
-# limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard.
-# It takes everything it needs before the program runs, so a program that replaces
-# os.write/os._exit or sys.stderr can only make its own sample fail.
-_DRIVER = r"""
-def _viasd_driver(argv):
-    import builtins, os, resource, sys, traceback
-    write, exit_, close = os.write, os._exit, os.close
-    key_fd, res_fd = int(argv[1]), int(argv[2])
-    key = os.read(key_fd, 64)
-    close(key_fd)
-    lims = [int(a) for a in argv[3:8]]
-    for lim, val in zip((resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE,
-                         resource.RLIMIT_CPU, resource.RLIMIT_NOFILE), lims):
-        if val >= 0:
-            resource.setrlimit(lim, (val, val))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if argv[8] == "1":
-        def no_net(event, args):
-            if event.startswith("socket.") and event != "socket.gethostname":
-                raise PermissionError("network access is disabled in the sandbox")
-        sys.addaudithook(no_net)
-    sys.argv = ["program.py"]
-    g = {"__name__": "__candidate__", "__builtins__": builtins}
-    sources = {}
-    for stage in ("program", "checks"):  # both read before anything runs: the program may rewrite files
-        with open(stage + ".py", encoding="utf-8") as f:
-            sources[stage] = f.read()
-    try:
-        for stage in ("program", "checks"):
-            exec(compile(sources[stage], stage + ".py", "exec"), g)
-        verdict = key + b" passed"
-    except BaseException as e:
-        try:
-            what = type(e).__name__
-        except BaseException:
-            what = "exception"
-        verdict = ("failed %s in the %s" % (what, stage)).encode("ascii", "replace")
-        try:
-            traceback.print_exc()
-        except BaseException:
-            pass
-    try:
-        write(res_fd, verdict)
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        exit_(0)
-_viasd_driver(__import__("sys").argv)
-"""
-
-# Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
-# cgroup, lower the IPC limits, mount private tmpfs over the world-writable directories,
-# copy the program into /tmp/work, then run the driver as the fresh uid without
-# capabilities. sh stays PID 1 (a program that kills itself must not be PID 1); when it
-# exits, the kernel kills whatever is left. $1 uid, $2 tmpfs size, $3 IPC byte limit, $4
-# cgroup.procs files (space separated, may be empty); the rest is the command.
-_STAGE = r"""
-fail() { echo "viasd-sandbox-setup-failed: $*" >&2; exit 125; }
-uid=$1; size=$2; ipc=$3; cgs=$4; shift 4
-for f in $cgs; do echo 0 > "$f" || fail "join cgroup $f"; done
-echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel/shmall &&
-  echo 4 > /proc/sys/kernel/shmmni && echo 4 > /proc/sys/kernel/msgmni &&
-  echo 4 > /proc/sys/fs/mqueue/queues_max || fail "IPC limits"
-mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs /tmp || fail "mount /tmp"
-for d in /var/tmp /run/lock /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$d" || fail "mount $d"; fi
-done
-mkdir -m 700 /tmp/work && cp program.py checks.py /tmp/work/ && chown -R "$uid:$uid" /tmp/work ||
-  fail "prepare /tmp/work"
-cd /tmp/work || fail "cd /tmp/work"
-unset OLDPWD
-setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
-  --inh-caps=-all --bounding-set=-all "$@"
-exit $?
-"""
-
 
 @dataclass
 class SandboxResult:
@@ -196,28 +119,6 @@ def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def _minimal_env(home: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": home,
-        "TMPDIR": home,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-
-
-def _namespace_prefix(uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]) -> list[str]:
-    return [
-        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
-        "sh", "-c", _STAGE, "viasd-sandbox", str(uid), f"{tmpfs_mb}m", str(ipc_bytes), " ".join(cgroup_procs),
-    ]  # fmt: skip
-
-
 _VERSION_CODE = "import sys; print(sys.version, sys.prefix)"
 
 
@@ -225,7 +126,7 @@ def _probe_version(cmd: list[str], cwd: str, user: int | None = None) -> str | N
     kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
-                             cwd=cwd, env=_minimal_env(cwd), **kw)  # fmt: skip
+                             cwd=cwd, env=minimal_env(cwd), **kw)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
@@ -243,7 +144,7 @@ def _first_usable(candidates: list[str], namespace: bool) -> str | None:
         for py in candidates:
             as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
             if namespace:
-                cmd = _namespace_prefix(uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
+                cmd = namespace_prefix(uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
                 sandboxed = _probe_version(cmd, workdir)
             else:
                 sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
@@ -381,16 +282,16 @@ def run_program(
         out_r, out_w = os.pipe()
         fds = [key_r, key_w, res_r, res_w, out_r, out_w]
         os.write(key_w, key)
-        driver = [plan.python, "-I", "-B", "-c", _DRIVER, str(key_r), str(res_w), *map(str, limits)]
+        driver = [plan.python, "-I", "-B", "-c", DRIVER, str(key_r), str(res_w), *map(str, limits)]
         driver.append("0" if namespace else "1")
         popen_kw: dict = {}
         uid = _next_uid() if plan.drop_uid else None
         if namespace:
             procs = cg.procs_files if cg else []
-            cmd = _namespace_prefix(uid, max_disk_mb, max_file_mb * mb, procs) + driver
-            env = _minimal_env("/tmp/work")
+            cmd = namespace_prefix(uid, max_disk_mb, max_file_mb * mb, procs) + driver
+            env = minimal_env("/tmp/work")
         else:
-            cmd, env = driver, _minimal_env(workdir)
+            cmd, env = driver, minimal_env(workdir)
             if uid is not None:
                 for p in (workdir, Path(workdir, "program.py"), Path(workdir, "checks.py")):
                     os.chown(p, uid, uid)
@@ -415,7 +316,7 @@ def run_program(
         if verdict == key + b" passed":
             return result("passed", "the checks ran to completion", detail, peak_mb)
         rc = proc.returncode
-        if rc == _SETUP_FAILED and _SETUP_MARKER in detail:
+        if rc == SETUP_FAILED and SETUP_MARKER in detail:
             return result("error", "sandbox setup failed: " + detail.strip().splitlines()[-1], detail)
         if verdict.startswith(b"failed ") and key not in verdict:
             return result("failed", verdict[7:200].decode("ascii", "replace"), detail, peak_mb)

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
 import platform
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,17 +24,10 @@ from typing import Any
 
 import yaml
 
+from viasd.utils.fs import atomic_write_json, atomic_write_text, jsonable
+
 #: Config keys that do not change a run's result (excluded from its identity hash).
 VOLATILE_KEYS = ("tracking", "hydra", "threads", "exp")
-
-#: Mode of every file in a run folder (before the umask), like ``open(..., "w")``.
-FILE_MODE = 0o666
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def file_sha256(path: str | Path) -> str:
@@ -47,36 +37,6 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file + ``os.replace`` (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
@@ -151,7 +111,7 @@ class Run:
 
     def log_example(self, record: dict[str, Any]) -> None:
         """Append one example record and flush it to disk."""
-        record = _jsonable(record)
+        record = jsonable(record)
         self.records.append(record)
         self._examples.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._examples.flush()
@@ -164,7 +124,7 @@ class Run:
         self._examples.close()
         if scores and len(scores) == len(self.records) and any(scores):
             for rec, sc in zip(self.records, scores):
-                rec["score"] = _jsonable(sc)
+                rec["score"] = jsonable(sc)
             atomic_write_text(self.path / "examples.jsonl",
                               "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records))
         atomic_write_json(self.path / "summary.json", summary)

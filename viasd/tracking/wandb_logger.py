@@ -28,7 +28,8 @@ from typing import Any
 
 import yaml
 
-from viasd.tracking.store import atomic_write_json, method_label
+from viasd.tracking.store import method_label
+from viasd.utils.fs import atomic_write_json
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,10 @@ one string or a list of strings; every example must then have the same number.
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 import sacrebleu
+
+from viasd.tasks.metrics.info import metric_info
 
 _DESCRIPTION = "sacrebleu corpus BLEU and chrF (0-100); per-example sentence BLEU/chrF."
 _KWARGS = """
@@ -31,23 +32,7 @@ class Bleu(evaluate.Metric):
     """sacrebleu BLEU + chrF."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string"),
-                        "references": datasets.Sequence(datasets.Value("string")),
-                    }
-                ),
-                datasets.Features(
-                    {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-                ),
-            ],
-            reference_urls=["https://github.com/mjpost/sacrebleu"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/mjpost/sacrebleu", many_references=True)
 
     def _compute(self, predictions, references, tokenize="13a", lowercase=False, per_example=False):
         refs = [[r] if isinstance(r, str) else list(r) for r in references]

@@ -11,9 +11,9 @@ sample per problem, so pass@1 is the fraction passing, on a 0-100 scale.
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 
+from viasd.tasks.metrics.info import metric_info
 from viasd.tasks.sandbox import run_programs
 
 _DESCRIPTION = "pass@1 (0-100): the program's checks ran to completion in the sandbox."
@@ -38,15 +38,7 @@ class CodePassAt1(evaluate.Metric):
     """Sandboxed functional correctness."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS,
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-            ),
-            reference_urls=["https://github.com/openai/human-eval"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/openai/human-eval")
 
     def _compute(
         self,

@@ -9,9 +9,9 @@ reference, or the reference itself). Accuracy is on a 0-100 scale.
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 
+from viasd.tasks.metrics.info import metric_info
 from viasd.tasks.scoring import extract_answer_number, extract_gsm8k_gold, numbers_equal
 
 _DESCRIPTION = "GSM8K accuracy (0-100): the prediction's final number equals the gold number."
@@ -32,15 +32,7 @@ class Gsm8kAccuracy(evaluate.Metric):
     """Exact numeric match of the extracted final answer."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS,
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-            ),
-            reference_urls=["https://github.com/openai/grade-school-math"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/openai/grade-school-math")
 
     def _compute(self, predictions, references, per_example=False):
         extracted = [extract_answer_number(p) for p in predictions]

@@ -9,10 +9,10 @@ needed. A reference may be one string or a list of strings (the best one counts)
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 from rouge_score import rouge_scorer
 
+from viasd.tasks.metrics.info import metric_info
 from viasd.tasks.scoring import split_sentences
 
 _DESCRIPTION = "ROUGE-1/2/L/Lsum F-measure (0-100) via rouge_score, with a regex sentence split for Lsum."
@@ -35,23 +35,7 @@ class Rouge(evaluate.Metric):
     """ROUGE with stemming and an nltk-free Lsum sentence split."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string"),
-                        "references": datasets.Sequence(datasets.Value("string")),
-                    }
-                ),
-                datasets.Features(
-                    {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-                ),
-            ],
-            reference_urls=["https://github.com/google-research/google-research/tree/master/rouge"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/google-research/google-research/tree/master/rouge", many_references=True)
 
     def _compute(self, predictions, references, rouge_types=None, use_stemmer=True, per_example=False):
         types = list(rouge_types or _TYPES)

@@ -8,9 +8,9 @@ its references. Both scores are on a 0-100 scale.
 
 from __future__ import annotations
 
-import datasets
 import evaluate
 
+from viasd.tasks.metrics.info import metric_info
 from viasd.tasks.scoring import qa_exact_match, qa_f1
 
 _DESCRIPTION = "SQuAD-normalized exact match and token F1 (0-100), best over several references."
@@ -30,23 +30,7 @@ class SquadQA(evaluate.Metric):
     """Exact match / F1 over multiple references."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string"),
-                        "references": datasets.Sequence(datasets.Value("string")),
-                    }
-                ),
-                datasets.Features(
-                    {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-                ),
-            ],
-            reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://rajpurkar.github.io/SQuAD-explorer/", many_references=True)
 
     def _compute(self, predictions, references, per_example=False):
         rows = [

@@ -4,7 +4,7 @@
     python -m experiments.build_draft pair=smollm2 steps=200 layers=2 --cost
     python -m experiments.build_draft --no-data           # built-in prompts only (no data folder)
 
-``key=value`` arguments set :class:`viasd.models.draft_build.DraftBuildConfig` fields
+``key=value`` arguments set :class:`viasd.distill.config.DraftBuildConfig` fields
 (``pair=smollm2`` is accepted for Hydra-style symmetry with ``experiments.run`` and ignored).
 The draft is cached under ``<cache>/drafts/<name>-<hash>/``; a cached draft is verified and
 re-evaluated on its held-out prompts instead of being rebuilt (``--rebuild`` forces a build).
@@ -22,16 +22,10 @@ from pathlib import Path
 import torch
 
 from viasd.errors import ConfigError
-from viasd.models.draft_build import (
-    DraftBuildConfig,
-    agreement,
-    build_info,
-    draft_dir,
-    ensure_draft,
-    forward_cost_ms,
-    load_heldout,
-    load_or_build_draft,
-)
+from viasd.distill.build import build_info, ensure_draft, load_heldout, load_or_build_draft
+from viasd.distill.cache import draft_dir
+from viasd.distill.config import DraftBuildConfig
+from viasd.distill.evaluate import agreement, forward_cost_ms
 from viasd.models.smollm2 import load_smollm2_target
 
 

@@ -54,7 +54,8 @@ def agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], seq_len: int =
 
 
 def vocab_coverage(seqs: Sequence[TeacherSeq], subset: list[int] | None) -> float:
-    """Fraction of the continuation tokens of ``seqs`` inside ``subset`` (1.0 for a full head)."""
+    """Fraction of the continuation tokens (``s.cont [C]`` of every sequence) inside the head's
+    token ids ``subset`` (1.0 for a full head, ``None``)."""
     if not subset:
         return 1.0
     cont = torch.cat([s.cont for s in seqs])
@@ -65,7 +66,8 @@ def vocab_coverage(seqs: Sequence[TeacherSeq], subset: list[int] | None) -> floa
 def lookup_agreement(draft: PreTrainedModel, seqs: Sequence[TeacherSeq], min_match: int = 2) -> float:
     """Top-1 agreement of the ``hybrid`` drafter's rule (teacher-forced, per position): the
     prompt-lookup token when the last ``min_match``..3 tokens recur earlier in the context,
-    else the draft's argmax. See :class:`viasd.decoding.drafters.HybridDrafter`."""
+    else the draft's argmax (one forward of ``[1, P + C - 1]`` tokens per sequence, logits
+    ``[1, P + C - 1, V]``). See :class:`viasd.decoding.drafters.HybridDrafter`."""
     lookup = NgramDrafter(draft.config.vocab_size, ngram_max=3, ngram_min=min_match)
     good = total = 0
     for s in seqs:

@@ -27,7 +27,8 @@ def vocab_subset(seqs: Sequence[TeacherSeq], k: int, vocab: int, always: Sequenc
     """The ``k`` token ids the draft's head scores: ``always`` (special tokens) first, then by
     frequency in the teacher sequences (prompt + continuation tokens, continuation counted
     twice), then ascending id (BPE ids roughly follow merge frequency). ``None`` when
-    ``k <= 0`` or ``k >= vocab`` (full head)."""
+    ``k <= 0`` or ``k >= vocab`` (full head). Counts come from ``s.prompt [P]`` and
+    ``s.cont [C]`` of every sequence; the result is sorted ascending."""
     if k <= 0 or k >= vocab:
         return None
     counts = torch.zeros(vocab, dtype=torch.float64)

@@ -101,7 +101,12 @@ def teacher_continuations(
     progress: bool = True,
     desc: str = "target greedy continuations",
 ) -> list[TeacherSeq]:
-    """Greedy continuations of ``prompts`` by ``target`` (batched by length, left-padded)."""
+    """Greedy continuations of ``prompts`` by ``target``, one :class:`TeacherSeq` per prompt, in order.
+
+    Prompts are chat-templated (:func:`~viasd.distill.data.encode_prompt`), sorted by length
+    and decoded ``cfg.gen_batch`` at a time as left-padded ``[B, P_max]`` batches
+    (:func:`greedy_with_states`, up to ``cfg.gen_tokens`` tokens, ``cfg.topk`` log-probs kept);
+    each continuation is cut after its first EOS."""
     encoded = [encode_prompt(tokenizer, p.text, cfg.prompt_tokens) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: (len(encoded[i]), i))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

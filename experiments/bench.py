@@ -109,8 +109,8 @@ def main(cfg: DictConfig) -> None:
     import torch
     import transformers
 
-    from viasd.harness.bench import Variant, format_table, run_bench, write_json
     from viasd.config import GenerationConfig
+    from viasd.harness.bench import Variant, format_table, run_bench, write_json
     from viasd.models.pairs import load_pair
 
     transformers.logging.set_verbosity_error()

@@ -4,92 +4,95 @@
     python -m experiments.build_draft pair=smollm2 steps=200 layers=2 --cost
     python -m experiments.build_draft --no-data           # built-in prompts only (no data folder)
 
-``key=value`` arguments set :class:`viasd.models.draft_build.DraftBuildConfig` fields
-(``pair=smollm2`` is accepted for Hydra-style symmetry with ``experiments.run`` and ignored).
-The draft is cached under ``<cache>/drafts/<name>-<hash>/``; a cached draft is verified and
-re-evaluated on its held-out prompts instead of being rebuilt (``--rebuild`` forces a build).
+A Hydra entry (``conf/build_draft.yaml``): ``key=value`` overrides set
+:class:`viasd.distill.config.DraftBuildConfig` fields (typed and checked by the schema built
+from the dataclass); ``cost``, ``no_data``, ``rebuild``, ``quiet`` and ``cache_root`` choose
+what the command does (``--cost``, ``--no-data``, ``--rebuild``, ``--quiet`` are accepted as
+flags). The draft is cached under ``<cache>/drafts/<name>-<hash>/``; a cached draft is
+verified and re-evaluated on its held-out prompts instead of being rebuilt (``rebuild=true``
+forces a build).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
 import time
+import typing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
+import hydra
 import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
-from viasd.errors import ConfigError
-from viasd.models.draft_build import (
-    DraftBuildConfig,
-    agreement,
-    build_info,
-    draft_dir,
-    ensure_draft,
-    forward_cost_ms,
-    load_heldout,
-    load_or_build_draft,
-)
+from viasd.distill.build import build_info, ensure_draft, load_heldout, load_or_build_draft
+from viasd.distill.cache import draft_dir
+from viasd.distill.config import DraftBuildConfig
+from viasd.distill.evaluate import agreement, forward_cost_ms
+from viasd.errors import ConfigError, one_line_errors
 from viasd.models.smollm2 import load_smollm2_target
 
-
-def parse_overrides(items: list[str]) -> DraftBuildConfig:
-    """``DraftBuildConfig`` from ``key=value`` strings (``pair=smollm2`` ignored)."""
-    fields = {f.name: f for f in dataclasses.fields(DraftBuildConfig)}
-    kwargs: dict = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.lstrip("+")
-        if not sep:
-            raise ConfigError(f"expected key=value, got {item!r}")
-        if key == "pair":
-            if value != "smollm2":
-                raise ConfigError(f"experiments.build_draft builds the smollm2 pair's draft only, got pair={value}")
-            continue
-        if key not in fields:
-            raise ConfigError(f"unknown DraftBuildConfig field {key!r}; known: {', '.join(fields)}")
-        default = getattr(DraftBuildConfig(), key)
-        if isinstance(default, bool):
-            kwargs[key] = value.lower() in ("1", "true", "yes", "on")
-        else:
-            kwargs[key] = type(default)(value)
-    return DraftBuildConfig(**kwargs)
+FLAGS = {"--cost": "cost=true", "--no-data": "no_data=true", "--rebuild": "rebuild=true", "--quiet": "quiet=true"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", help="DraftBuildConfig fields as key=value")
-    ap.add_argument("--cache-root", type=Path, default=None, help="cache root (default: VIASD_CACHE_DIR or ~/.cache/viasd)")
-    ap.add_argument("--no-data", action="store_true", help="ignore the data folder; use built-in prompts")
-    ap.add_argument("--rebuild", action="store_true", help="delete a cached draft of this config and build again")
-    ap.add_argument("--cost", action="store_true", help="also measure the draft/target forward cost ratio c (1 thread)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = ap.parse_intermixed_args(argv)
-    try:
-        cfg = parse_overrides(args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+@dataclass
+class BuildDraftOptions:
+    """What the command does, besides the draft's config (see ``conf/build_draft.yaml``)."""
+
+    pair: Any = None  # the `pair` config group (conf/pair/smollm2.yaml)
+    cost: bool = False
+    no_data: bool = False
+    rebuild: bool = False
+    quiet: bool = False
+    cache_root: Optional[str] = None  # noqa: UP045  (OmegaConf reads the annotation)
+
+
+def schema() -> type:
+    """The command's structured config: :class:`BuildDraftOptions` plus every
+    :class:`DraftBuildConfig` field with its type and default, as top-level keys."""
+    hints = typing.get_type_hints(DraftBuildConfig)
+    fields = [(f.name, hints[f.name], dataclasses.field(default=f.default)) for f in dataclasses.fields(DraftBuildConfig)]
+    return dataclasses.make_dataclass("BuildDraftSchema", fields, bases=(BuildDraftOptions,))
+
+
+ConfigStore.instance().store(name="build_draft_schema", node=schema())
+
+
+def draft_build_config(cfg: DictConfig) -> DraftBuildConfig:
+    """The :class:`DraftBuildConfig` of a composed ``build_draft`` config (only ``pair=smollm2``)."""
+    if cfg.pair.get("loader") != "smollm2":
+        raise ConfigError(f"experiments.build_draft builds the smollm2 pair's draft only, got pair={cfg.pair.name}")
+    return DraftBuildConfig(**{f.name: cfg[f.name] for f in dataclasses.fields(DraftBuildConfig)})
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="build_draft")
+def main(cfg: DictConfig) -> None:
+    with one_line_errors():
+        report(cfg)
+
+
+def report(args: DictConfig) -> None:
+    """Build or reuse the draft of ``args`` and print its size, agreement and (``cost``) cost ratio."""
+    cfg = draft_build_config(args)
+    cache_root = Path(args.cache_root) if args.cache_root else None
     progress = not args.quiet
     data_root = None if args.no_data else "auto"
 
     t0 = time.perf_counter()
-    try:
-        target, tokenizer = load_smollm2_target(cache_root=args.cache_root, progress=progress)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    target, tokenizer = load_smollm2_target(cache_root=cache_root, progress=progress)
     print(f"target: SmolLM2-135M-Instruct loaded in {time.perf_counter() - t0:.1f}s")
 
-    folder = draft_dir(target, cfg, args.cache_root, data_root)
+    folder = draft_dir(target, cfg, cache_root, data_root)
     if args.rebuild and folder.exists():
         shutil.rmtree(folder)
     cached = folder.exists()
     t1 = time.perf_counter()
-    ensure_draft(target, tokenizer, cfg, args.cache_root, progress, data_root)
-    draft = load_or_build_draft(target, tokenizer, cfg, args.cache_root, progress=False, data_root=data_root)
+    ensure_draft(target, tokenizer, cfg, cache_root, progress, data_root)
+    draft = load_or_build_draft(target, tokenizer, cfg, cache_root, progress=False, data_root=data_root)
     elapsed = time.perf_counter() - t1
     info = build_info(folder)
     held = load_heldout(folder)
@@ -118,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             d_ms = forward_cost_ms(draft.to(dtype))
             print(f"  cost ({str(dtype).replace('torch.', '')}, 1 thread, 1-token forward): target {t_ms:.1f} ms, "
                   f"draft {d_ms:.2f} ms, c = {d_ms / t_ms:.3f}")  # fmt: skip
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.argv = [FLAGS.get(a, a) for a in sys.argv]  # flags, not Hydra overrides: turn them into ones
+    main()

@@ -19,9 +19,9 @@ from hydra import compose, initialize_config_dir
 
 from viasd.errors import ConfigError
 from viasd.harness.grid import CONF_DIR
+from viasd.harness.runner import run
 from viasd.paths import runs_dir
 from viasd.report.build import REPORTS, build_all, collect
-from viasd.harness.runner import run
 from viasd.tracking.store import RunStore
 
 

@@ -16,8 +16,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from viasd.harness.dryrun import dry_run_main
 from viasd.errors import ConfigError, RunInterrupted
+from viasd.harness.dryrun import dry_run_main
 from viasd.harness.grid import run_cell, run_exp
 
 

@@ -21,8 +21,8 @@ from hydra import compose, initialize_config_dir
 
 from viasd.errors import ConfigError
 from viasd.harness.grid import CONF_DIR
-from viasd.paths import runs_dir
 from viasd.harness.runner import run
+from viasd.paths import runs_dir
 
 #: The search space (same ranges as conf/sweep/thresholds_bayes.yaml).
 SPACE = {"method.tau_accept": (0.2, 1.1), "method.tau_slim": (0.2, 1.1), "method.gamma": [2, 4, 6, 8]}

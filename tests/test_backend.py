@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
-from viasd.harness.bench import cost_curve, weight_bytes
-from viasd.methods.api import decode
+from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.harness.bench import cost_curve, weight_bytes
+from viasd.methods.api import decode
 from viasd.models.backend import PackedLinear, pack_linears, packable_dtypes, probe_dtype, resolve_backend
 from viasd.models.pairs import load_pair
-from viasd.engine.routing import RoutingPlan, num_layers
 
 _EAGER: dict = {}
 

@@ -8,14 +8,14 @@ import torch
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
 from tests.helpers.sampling import P_THRESHOLD, chi_square_pvalue, exact_joint, tiny_vocab_pair
 from viasd.config import GenerationConfig
-from viasd.methods.api import decode
-from viasd.engine.stream import Stream, start_sequence
 from viasd.core.cascade_rules import RULES, target_distribution, token_mixture, total_variation
-from viasd.engine.drafters import DrafterConfig, NgramDrafter
-from viasd.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 from viasd.core.rules import lenient_distribution
 from viasd.core.sampling import probs_from_logits
+from viasd.engine.drafters import DrafterConfig, NgramDrafter
+from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.api import decode
+from viasd.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 
 # Cascades: the default (draft model accelerated by ngram, then ngram), a three-deep vertical chain
 # (self ← model ← ngram) plus horizontal levels, a purely horizontal one, and ngram alone.

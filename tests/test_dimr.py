@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tests.conftest import PROMPTS
-from viasd.methods.api import decode
 from viasd.dimr.masks import every_other_mask, first_k_mask, mask_path, random_mask
 from viasd.dimr.search import SearchConfig, kl_geometry, search_mask
 from viasd.errors import ConfigError
+from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
 
 

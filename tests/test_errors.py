@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import tiny_pair
-from viasd.methods.api import METHODS, decode
 from viasd.errors import ConfigError, RunInterrupted, one_line_errors
+from viasd.methods.api import METHODS, decode
 from viasd.models.pairs import ModelPair, load_pair
 from viasd.models.tiny import build_model
 from viasd.registry import Registry

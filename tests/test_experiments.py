@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from viasd.config import PairConfig, to_dataclass
-from viasd.methods.api import method_config
 from viasd.harness.grid import cell_overrides, compose_cells, exp_names, run_exp, sweep_command
+from viasd.methods.api import method_config
 from viasd.paths import PROJECT_ROOT
 from viasd.tracking.store import RunStore
 

@@ -16,14 +16,14 @@ import transformers
 from hydra import compose, initialize_config_dir
 
 from tests.helpers.routing import feed, physically_pruned
-from viasd.methods.api import decode
+from viasd.engine.routing import RoutingPlan, check_routable, num_layers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.harness.runner import run
+from viasd.methods.api import decode
 from viasd.models.pairs import ModelPair, load_pair
-from viasd.engine.routing import RoutingPlan, check_routable, num_layers
 from viasd.models.tiny import FAMILIES, build_tiny_pair
 from viasd.paths import PROJECT_ROOT
-from viasd.harness.runner import run
 
 LONG = "Long prompt: " + "lorem ipsum dolor sit amet " * 6  # longer than the 32-token sliding windows
 PROMPTS = ["The quick brown fox jumps over the lazy dog. " * 2, "Q: What is 12 times 7?\nA:"]

@@ -13,9 +13,9 @@ from hydra import compose, initialize_config_dir
 
 from experiments import report as report_cli
 from viasd.harness.grid import run_exp
+from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.report.build import build_all, mean_ci
-from viasd.harness.runner import run
 from viasd.tracking.store import RunStore
 
 BASE = ["+exp=table2", "exp.scale=smoke", "task=prompts"]

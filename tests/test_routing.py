@@ -7,9 +7,9 @@ import torch
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
 from tests.helpers.routing import feed, physically_pruned
+from viasd.engine.routing import RoutingPlan, decoder_layers, num_layers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
-from viasd.engine.routing import RoutingPlan, decoder_layers, num_layers
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -12,8 +12,8 @@ import threading
 import pytest
 from hydra import compose, initialize_config_dir
 
-from viasd.paths import PROJECT_ROOT
 from viasd.harness.runner import run
+from viasd.paths import PROJECT_ROOT
 from viasd.tasks import sandbox
 
 SUMMARY_KEYS = {"method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s", "rejection_rate",

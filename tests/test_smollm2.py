@@ -16,16 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from viasd.distill.build import build_info, load_heldout, load_or_build_draft
+from viasd.distill.cache import draft_dir
+from viasd.distill.config import DraftBuildConfig
+from viasd.distill.evaluate import agreement
 from viasd.errors import ConfigError
 from viasd.models import smollm2
-from viasd.models.draft_build import (
-    DraftBuildConfig,
-    agreement,
-    build_info,
-    draft_dir,
-    load_heldout,
-    load_or_build_draft,
-)
 from viasd.models.smollm2 import (
     MANIFEST,
     converted_dir,

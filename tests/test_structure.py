@@ -61,3 +61,10 @@ def test_cycle_finder_finds_a_cycle():
 def test_viasd_has_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_models_do_not_import_distill():
+    """viasd.models is a lower layer: the smollm2 loader that builds the draft is registered lazily."""
+    graph = import_graph()
+    bad = {m: sorted(t for t in graph[m] if t.startswith("viasd.distill")) for m in graph if m.startswith("viasd.models")}
+    assert not any(bad.values()), f"models import distill: {bad}"

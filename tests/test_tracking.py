@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from viasd.harness.grid import cell_overrides, compose_cells
-from viasd.paths import PROJECT_ROOT
 from viasd.harness.runner import run
+from viasd.paths import PROJECT_ROOT
 from viasd.tracking.store import RunStore
 
 TINY = ["pair=tiny-llama", "task=prompts", "generation.max_new_tokens=4", "task.n_examples=2"]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, PROMPTS, tiny_pair
-from viasd.methods.api import decode
 from viasd.core.tiers import agreement_scores
 from viasd.errors import ConfigError
+from viasd.methods.api import decode
 
 OFF = {"tau_accept": 1.01, "tau_slim": 1.5}
 

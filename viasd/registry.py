@@ -34,35 +34,49 @@ class Registry(Generic[T]):
         def sd(...): ...
 
         METHODS.get("sd")
+
+        PAIR_LOADERS.register_lazy("smollm2", "viasd.distill.pair:load_smollm2_pair")
+        PAIR_LOADERS.get("smollm2")  # imports viasd.distill.pair on first use
     """
 
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, T] = {}
-        self._lazy: dict[str, str] = {}
+        self._lazy: dict[str, str] = {}  # name -> "module" or "module:attribute", until first get()
         self._aliases: dict[str, str] = {}
 
+    def _check_new(self, name: str) -> None:
+        taken = self._items.get(name) or self._lazy.get(name) or self._aliases.get(name)
+        if taken is not None:
+            raise ValueError(f"duplicate {self.kind} name {name!r}: already registered as {taken!r}")
+
     def register(self, name: str) -> Callable[[T], T]:
-        """Decorator that registers its target under ``name``; duplicates raise ``ValueError``."""
+        """Decorator that registers its target under ``name``; duplicates raise ``ValueError``.
+
+        A name registered lazily as a module (no ``:attribute``) is registered by that module's
+        import through this decorator."""
 
         def deco(obj: T) -> T:
-            if name in self._items:
-                raise ValueError(f"duplicate {self.kind} name {name!r}: already registered as {self._items[name]!r}")
+            if ":" not in self._lazy.get(name, ":"):
+                del self._lazy[name]
+            self._check_new(name)
             self._items[name] = obj
             return obj
 
         return deco
 
     def register_lazy(self, name: str, target: str) -> None:
-        """Record that ``target`` (``"pkg.mod"`` or ``"pkg.mod:attr"``) provides ``name``, imported on first use."""
-        if name in self._items or name in self._lazy or name in self._aliases:
-            raise ValueError(f"duplicate {self.kind} name {name!r}")
+        """Register ``name`` as ``"package.module:attribute"`` (that object) or ``"package.module"``
+        (whose import registers ``name`` with :meth:`register`), imported on the first :meth:`get`."""
+        module, sep, attr = target.partition(":")
+        if not module or (sep and not attr):
+            raise ValueError(f"lazy {self.kind} {name!r}: expected 'package.module[:attribute]', got {target!r}")
+        self._check_new(name)
         self._lazy[name] = target
 
     def alias(self, name: str, canonical: str) -> None:
         """Make ``name`` another name for ``canonical`` (e.g. a user-facing spelling)."""
-        if name in self._items or name in self._lazy or name in self._aliases:
-            raise ValueError(f"duplicate {self.kind} name {name!r}")
+        self._check_new(name)
         self._aliases[name] = canonical
 
     def canonical(self, name: str) -> str:
@@ -70,13 +84,17 @@ class Registry(Generic[T]):
         return self._aliases.get(name, name)
 
     def get(self, name: str) -> T:
-        """Return the object registered as ``name`` (an alias, a lazy entry) or raise a ConfigError with suggestions."""
+        """Return the object registered as ``name`` (an alias, a lazy entry) or raise a ConfigError with suggestions.
+
+        A lazy entry is imported here once (an import error propagates: a wrong path is a bug in
+        the registration, not in the user's configuration)."""
         name = self.canonical(name)
         if name not in self._items and name in self._lazy:
             module, _, attr = self._lazy[name].partition(":")
             obj = importlib.import_module(module)
             if attr:
-                self._items.setdefault(name, getattr(obj, attr))
+                self._items[name] = getattr(obj, attr)
+                del self._lazy[name]
             if name not in self._items:
                 raise RuntimeError(f"{self.kind} {name!r}: importing {module!r} did not register it")
         if name in self._items:

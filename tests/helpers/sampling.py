@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from viasd.config import GenerationConfig
 from viasd.core.sampling import probs_from_logits
-from viasd.models.draft_model import SubsetHeadLlamaForCausalLM, make_config
+from viasd.distill.draft_model import SubsetHeadLlamaForCausalLM, make_config
 from viasd.models.pairs import ModelPair
 from viasd.models.tiny import byte_tokenizer
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.engine.stream import Stream
 from viasd.errors import ConfigError
-from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.paths import cache_dir
 
 ABLATIONS = ("random", "first_k", "every_other", "independent", "full")

@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, EncoderDecoderCache
 
 from viasd.dimr.masks import budget, every_other_mask, first_k_mask, mask_path, random_mask
-from viasd.errors import ConfigError, no_draft_model
 from viasd.engine.routing import CausalPath, RoutingPlan, num_layers, routed_forward
+from viasd.errors import ConfigError, no_draft_model
 from viasd.utils.fs import atomic_write_json
 
 log = logging.getLogger(__name__)

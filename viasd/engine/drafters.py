@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 
 from viasd.config import GenerationConfig
-from viasd.engine.stream import ModelStats, Stream
 from viasd.core.sampling import confidence, probs_from_logits, sample
-from viasd.errors import ConfigError, no_draft_model
 from viasd.engine.routing import RoutingPlan, default_self_layers, num_layers, vocab_size_of
+from viasd.engine.stream import ModelStats, Stream
+from viasd.errors import ConfigError, no_draft_model
 from viasd.registry import Registry
 
 DRAFTERS: Registry = Registry("drafter")

@@ -218,6 +218,6 @@ def default_self_layers(n_layers: int) -> list[int]:
 
 def vocab_size_of(model: PreTrainedModel) -> int:
     """Output vocabulary size of a model: the width of its logits (the rows of its LM head, or
-    the full vocabulary of a :class:`~viasd.models.draft_model.SubsetHead`)."""
+    the full vocabulary of a :class:`~viasd.distill.draft_model.SubsetHead`)."""
     head = model.get_output_embeddings()
     return int(getattr(head, "vocab", None) or head.weight.shape[0])

@@ -28,13 +28,13 @@ import torch
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig
-from viasd.methods.api import decode
-from viasd.engine.stream import Stream, start_sequence
-from viasd.engine.result import DecodeResult
 from viasd.core.rules import expected_tokens, ideal_speedup
-from viasd.models.backend import PackedLinear
+from viasd.engine.result import DecodeResult
 from viasd.engine.routing import RoutingPlan, decoder_layers
+from viasd.engine.stream import Stream, start_sequence
 from viasd.harness.runner import aggregate
+from viasd.methods.api import decode
+from viasd.models.backend import PackedLinear
 from viasd.utils.fs import atomic_write_json
 
 
@@ -223,8 +223,8 @@ def read_bandwidth(mib: int = 256, reps: int = 5, clock: str = "wall") -> float:
 def curve_models(pair, keep_ratio: float) -> list[tuple[str, Any, RoutingPlan | None]]:
     """The models of a pair a cost curve covers: draft (if any), slim verifier at ``keep_ratio``
     (routed target, decoder-only or T5) and target, as ``(label, model, plan)``."""
-    from viasd.methods.via_sd import SlimConfig
     from viasd.dimr.masks import resolve_plan
+    from viasd.methods.via_sd import SlimConfig
 
     out = [("draft", pair.draft, None)] if pair.draft is not None else []
     model, plan, _ = resolve_plan(pair, SlimConfig(keep_ratio=keep_ratio))

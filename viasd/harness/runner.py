@@ -25,10 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig, to_dataclass
-from viasd.methods.api import METHODS, decode, method_config, warm_up
-from viasd.engine.result import DecodeResult
 from viasd.dimr.masks import mask_path, resolve_plan
+from viasd.engine.result import DecodeResult
 from viasd.errors import RunInterrupted
+from viasd.methods.api import METHODS, decode, method_config, warm_up
 from viasd.paths import data_dir
 from viasd.report.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
@@ -308,8 +308,8 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:
     """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
-    from viasd.methods.via_sd import SlimConfig
     from viasd.dimr.search import calibration_texts, kl_geometry
+    from viasd.methods.via_sd import SlimConfig
 
     _prepare(cfg)
     slim_node = OmegaConf.to_container(cfg.method, resolve=True).get("slim", {}) if "method" in cfg else {}

@@ -14,9 +14,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.config import GenerationConfig, to_dataclass
-from viasd.methods.registry import METHODS, MethodSpec, register_method  # noqa: F401  (re-exported)
 from viasd.engine.result import DecodeResult
 from viasd.errors import ConfigError
+from viasd.methods.registry import METHODS, MethodSpec, register_method  # noqa: F401  (re-exported)
 
 
 def method_config(name: str, cfg: Any = None) -> Any:

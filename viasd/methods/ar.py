@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from viasd.core.sampling import probs_from_logits, sample
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.engine.stream import Stream, start_sequence
 from viasd.methods.registry import register_method
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.core.sampling import probs_from_logits, sample
 
 
 @dataclass

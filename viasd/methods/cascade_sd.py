@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.engine.stream import ModelStats, Stream, start_sequence
+from viasd.core.rules import lenient_distribution, verify_block
+from viasd.core.sampling import confidence, probs_from_logits
 from viasd.engine.drafters import (
     DRAFTERS,
     Drafter,
@@ -53,11 +54,10 @@ from viasd.engine.drafters import (
     NgramDrafter,
     make_drafter,
 )
-from viasd.methods.registry import register_method
 from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.core.rules import lenient_distribution, verify_block
-from viasd.core.sampling import confidence, probs_from_logits
+from viasd.engine.stream import ModelStats, Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.registry import register_method
 
 
 @dataclass

@@ -37,15 +37,15 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.engine.stream import Stream, start_sequence
 from viasd.core.cascade_rules import RULES, target_distribution
-from viasd.engine.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
-from viasd.methods.registry import register_method
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.core.rules import sd_accept_prob, sd_residual
 from viasd.core.sampling import probs_from_logits, sample
 from viasd.core.tiers import gate_distribution
+from viasd.engine.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.registry import register_method
 
 
 @dataclass

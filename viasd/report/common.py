@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from viasd.harness.grid import compose_cells_with_overrides
+from viasd.harness.runner import identity
 from viasd.registry import Registry
 from viasd.report.baseline import (
     ar_index,
@@ -27,7 +28,6 @@ from viasd.report.baseline import (
     speedup,
     tier_shares,
 )
-from viasd.harness.runner import identity
 from viasd.tracking.store import RunStore, run_id_for
 from viasd.utils.fs import atomic_write_json, atomic_write_text
 

@@ -26,7 +26,6 @@ from viasd.models.artifacts import (  # noqa: F401  (re-exported)
 from viasd.models.gguf_index import converted_dir as _converted_dir
 from viasd.models.gguf_index import ensure_wheels, load_index_model
 from viasd.models.index_specs import INDEX_MODELS
-from viasd.utils.fs import file_lock  # noqa: F401  (re-exported)
 
 SPEC = INDEX_MODELS["smollm2-135m-instruct"]
 HUB_ID = SPEC.hub_id

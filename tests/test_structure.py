@@ -1,4 +1,5 @@
-"""The package's import graph has no cycles, counting imports inside functions too."""
+"""The package's structure: no import cycles (imports inside functions count too), imports
+point one way through the layers the README draws, and no module grows past ~400 lines."""
 
 from __future__ import annotations
 
@@ -63,8 +64,56 @@ def test_viasd_has_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_models_do_not_import_distill():
-    """viasd.models is a lower layer: the smollm2 loader that builds the draft is registered lazily."""
-    graph = import_graph()
-    bad = {m: sorted(t for t in graph[m] if t.startswith("viasd.distill")) for m in graph if m.startswith("viasd.models")}
-    assert not any(bad.values()), f"models import distill: {bad}"
+#: The layers, lowest first (README "Layout"): a module imports only its own package or a lower layer.
+LAYERS = (
+    ("errors", "registry", "config", "paths", "utils"),  # base: shared types, registries, files
+    ("core",),      # pure tensor math: sampling, acceptance rules, tier routing
+    ("engine",),    # KV streams, routed forward, drafters, results
+    ("models",),    # pairs and their loaders
+    ("tasks",),     # datasets, prompts, metrics, sandbox
+    ("tracking",),  # run store, baseline matching, W&B
+    ("dimr",),      # slim-verifier masks and their search
+    ("distill",),   # the embedded pair's trained draft
+    ("methods",),   # the decoding loops and their registry
+    ("harness",),   # runner, exp grids, dry run, benchmark
+    ("report",),    # tables and figures from the run store
+)
+MAX_LINES = 400
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` of ``viasd.<package>…``; the top-level ``viasd`` package is base."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "errors"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to the README's picture)")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Edges that point up a layer or sideways into another package of the same layer."""
+    bad = []
+    for mod, deps in graph.items():
+        for dep in deps:
+            lm, ld = layer_of(mod), layer_of(dep)
+            same_pkg = mod.split(".")[:2] == dep.split(".")[:2]
+            if ld > lm or (ld == lm and lm > 0 and not same_pkg):
+                bad.append(f"{mod} -> {dep}")
+    return sorted(bad)
+
+
+def test_layer_check_finds_an_upward_import():
+    assert layer_violations({"viasd.core.rules": {"viasd.methods.sd"}}) == ["viasd.core.rules -> viasd.methods.sd"]
+    assert layer_violations({"viasd.methods.sd": {"viasd.core.rules", "viasd.methods.registry"}}) == []
+
+
+def test_imports_point_one_way_through_the_layers():
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against the layering (lower layers must not import higher ones):\n" + "\n".join(bad)
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"

@@ -197,6 +197,8 @@ def hybrid_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
 DRAFTERS.register("model")(model_drafter)
 DRAFTERS.register("ngram")(ngram_drafter)
 DRAFTERS.register("hybrid")(hybrid_drafter)
+# The cascade drafter (Cascade SD's levels) lives with its method; imported on first use.
+DRAFTERS.register_lazy("cascade", "viasd.methods.cascade_sd")
 
 
 @DRAFTERS.register("self")
@@ -213,8 +215,6 @@ def self_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> ModelDra
 
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
     """Build the configured drafter for one prompt."""
-    import viasd.engine.routing  # noqa: F401  (registers the ``self`` drafter)
-
     return DRAFTERS.get(cfg.name)(pair, prompt_ids, cfg)
 
 

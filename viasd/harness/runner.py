@@ -30,7 +30,7 @@ from viasd.engine.result import DecodeResult
 from viasd.errors import RunInterrupted
 from viasd.methods.api import METHODS, decode, method_config, warm_up
 from viasd.paths import data_dir
-from viasd.report.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
+from viasd.tracking.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
 from viasd.tracking.wandb_logger import WandbLogger, labels_for, upload_finished
 

@@ -95,8 +95,6 @@ _NON_NEURAL = ("ngram",)  # registered drafters that cannot score proposals
 
 def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
     """Validate and type a cascade description (list of dicts / :class:`CascadeLevel`)."""
-    import viasd.engine.routing  # noqa: F401  (registers the ``self`` drafter)
-
     if not isinstance(levels, (list, tuple)) or not levels:
         raise ConfigError(f"{where} must be a non-empty list of levels like "
                           f"{{name: model, tokens: 3, vertical: [ngram]}} (got {levels!r})")

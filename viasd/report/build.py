@@ -4,7 +4,7 @@ For each exp, the cells are re-composed with Hydra (:func:`viasd.harness.grid.co
 their run ids computed exactly as the runner does, and the finished runs read from the local
 run store. Outputs go to ``<out>/<scale>/`` with the scale in every title, so a smoke report
 can never overwrite local- or paper-scale files. Every speedup is against the ``ar`` run of the
-identical workload (:mod:`viasd.report.baseline`); each output lists its runs, the ``ar`` run
+identical workload (:mod:`viasd.tracking.baseline`); each output lists its runs, the ``ar`` run
 each speedup used, the missing cells and, for cells without a matched ``ar`` run, the command
 that creates it (``<name>.sources.json``). Runs that differ only in ``seed`` are repeats: tables
 print mean ± 95% CI (Student t), figures draw error bars. Tables: Markdown + LaTeX; figures:
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from viasd.report import figures, tables  # noqa: F401  (each registers its reports in REPORTS)
-from viasd.report.baseline import PRIMARY, quality, tier_shares  # noqa: F401  (re-exported)
 from viasd.report.common import REPORTS, collect, mean_ci  # noqa: F401  (re-exported)
+from viasd.tracking.baseline import PRIMARY, quality, tier_shares  # noqa: F401  (re-exported)
 from viasd.tracking.store import RunStore
 
 

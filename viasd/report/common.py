@@ -21,7 +21,7 @@ from scipy import stats
 from viasd.harness.grid import compose_cells_with_overrides
 from viasd.harness.runner import identity
 from viasd.registry import Registry
-from viasd.report.baseline import (
+from viasd.tracking.baseline import (
     ar_index,
     matched_ar,
     quality,

@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from viasd.report.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
 from viasd.report.common import REPORTS, Stat, _label, repeat_groups, save_figure, stat
+from viasd.tracking.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
 from viasd.tracking.store import RunStore
 
 

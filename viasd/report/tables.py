@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from viasd.report.baseline import quality, target_calls_per_token
 from viasd.report.common import REPORTS, _fmt, _label, repeat_groups, stat, write_table
+from viasd.tracking.baseline import quality, target_calls_per_token
 from viasd.tracking.store import RunStore
 
 

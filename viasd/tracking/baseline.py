@@ -1,4 +1,4 @@
-"""Matching every speed ratio to the ``ar`` run of the identical workload, and the sweep objective.
+"""The run store's baseline matching: every speed ratio to the ``ar`` run of the identical workload, and the sweep objective.
 
 A run's *workload* is its resolved identity config (``config.yaml`` in the run store, inputs
 hashes included) without the method and without what never changes a result (tracking,

@@ -1,4 +1,4 @@
-"""DIMR: offline search for the slim verifier's routing mask (DESIGN §3).
+"""DIMR: offline search for the slim verifier's routing mask.
 
 Objective on teacher-forced calibration text (one forward per model per batch, target and
 draft log-probs computed once): ``kl`` = ``KL(q ‖ q'_z)`` or ``pythagorean`` =

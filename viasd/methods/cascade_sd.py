@@ -54,10 +54,11 @@ from viasd.engine.drafters import (
     NgramDrafter,
     make_drafter,
 )
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.engine.stream import ModelStats, Stream, start_sequence
+from viasd.engine.result import Counters, DecodeResult
+from viasd.engine.stream import ModelStats
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
+from viasd.methods.sd import speculate
 
 
 @dataclass
@@ -369,26 +370,18 @@ def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult
     positions level ``i`` drafted) and the vertical ones of :meth:`CascadeDrafter.counters`.
     """
     t0 = time.perf_counter()
-    target = Stream(pair.target, prompt_ids, "target")
+    # Cascade drafting: larger levels first (horizontal), each possibly drafted itself (vertical);
+    # the target verifies each block in one forward with the standard SD rules.
     drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter, cfg.bigram_fallback)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.block, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
-    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    c, rounds = Counters(), []
-    while not out.done:
-        # Cascade drafting: larger levels first (horizontal), each possibly drafted itself (vertical).
-        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
-        k = draft.shape[0]
-        # The target verifies the block in one forward, with the standard SD rules.
-        q = probs_from_logits(target.logits(torch.cat([out.seq, draft.view(1, -1)], 1), last=k + 1)[0], gen)
-        n, token = verify_block(draft, p, q, rng)
-        emitted = out.commit(draft[:n].tolist() + [token])
-        policy.update(k, n)
-        c.record_round(k, n, emitted)
+
+    def count_levels(c: Counters, k: int, n: int) -> dict:
         for j, level in enumerate(drafter.last_levels):
             c.bump(f"level{level}_drafted")
             c.bump(f"level{level}_accepted" if j < n else f"level{level}_rejected")
-        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted, extra={"levels": list(drafter.last_levels)}))
+        return {"levels": list(drafter.last_levels)}
+
+    res = speculate(pair, prompt_ids, drafter, policy, gen, rng, "cascade_sd", t0, on_round=count_levels)
     for key, value in drafter.counters().items():
-        c.bump(key, value)
-    return DecodeResult("cascade_sd", prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
-                        time.perf_counter() - t0, out.stop_reason)
+        res.counters.bump(key, value)
+    return res

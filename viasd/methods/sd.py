@@ -8,6 +8,7 @@ accepts a prefix and adds a correction or bonus token. Lossless w.r.t. the targe
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,19 +41,31 @@ class SDConfig:
 def sd(pair, prompt_ids, cfg: SDConfig, gen, rng) -> DecodeResult:
     """Speculative decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult`."""
     t0 = time.perf_counter()
-    target = Stream(pair.target, prompt_ids, "target")
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
+    return speculate(pair, prompt_ids, drafter, policy, gen, rng, "sd", t0)
+
+
+def speculate(pair, prompt_ids: torch.Tensor, drafter, policy: LengthPolicy, gen, rng, method: str, t0: float,
+              on_round: Callable[[Counters, int, int], dict] | None = None) -> DecodeResult:
+    """The SD loop (Algorithm 1) of one prompt ``[1, P]`` with a built drafter and length policy.
+
+    ``on_round(counters, drafted, accepted)`` may count more per round and returns the round's
+    ``extra`` record (Cascade SD's levels); ``t0`` is when the method started (drafter set-up included).
+    """
+    target = Stream(pair.target, prompt_ids, "target")
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
     c, rounds = Counters(), []
     while not out.done:
         draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
         k = draft.shape[0]
+        # The target scores the block in one forward: q at k + 1 positions.
         q = probs_from_logits(target.logits(torch.cat([out.seq, draft.view(1, -1)], 1), last=k + 1)[0], gen)
         n, token = verify_block(draft, p, q, rng)
         emitted = out.commit(draft[:n].tolist() + [token])
         policy.update(k, n)
         c.record_round(k, n, emitted)
-        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted))
-    return DecodeResult("sd", prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
+        extra = on_round(c, k, n) if on_round is not None else {}
+        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted, extra=extra))
+    return DecodeResult(method, prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
                         time.perf_counter() - t0, out.stop_reason)

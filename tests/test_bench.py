@@ -26,7 +26,7 @@ def test_bench_command_prints_table_and_writes_json(tmp_path):
     assert ar["speedup_vs_ar"] == 1.0 and ar["target_calls"] == ar["new_tokens"] == 2 * 8
     for name in ("sd", "sd_ngram", "hf_assisted"):  # lossless: the same tokens, counted the same way
         r = rows[name]
-        assert r["agreement_with_ar"] == 1.0 and r["new_tokens"] == ar["new_tokens"], name
+        assert r["token_match_vs_ar"] == 1.0 and r["new_tokens"] == ar["new_tokens"], name
         # every round is one target call emitting its accepted draft tokens plus one target token
         assert r["target_calls"] == r["rounds"] == r["new_tokens"] - r["accepted"], (name, r)
         assert r["accepted"] + r["rejected"] == r["drafted"], (name, r)

@@ -6,7 +6,7 @@ length, tokens per target call, forward calls per model, the cost ratio ``c`` (d
 forward / target 1-token forward), the measured block cost ``T = t(γ+1)/t(1)`` of the target
 (from :func:`cost_curve` in the same process) and the ideal speedup
 ``(1−α^{γ+1})/((1−α)(γc+T))`` from the measured acceptance ``α = 1 − rejection rate`` (with
-``T = 1`` it is Leviathan et al.'s bound, kept as ``ideal_speedup_flat``), and agreement of
+``T = 1`` it is Leviathan et al.'s bound, kept as ``ideal_speedup_flat``), and the token match of
 the output with ``ar``'s.
 
 :func:`cost_curve` measures one model's forward time for 1..K new tokens after a fixed cached
@@ -53,7 +53,7 @@ def ideal_with_block_cost(alpha: float, gamma: int, c: float, block: float) -> f
     return expected_tokens(alpha, gamma) / (gamma * c + block)
 
 
-def agreement(a: list[int], b: list[int]) -> float:
+def token_match(a: list[int], b: list[int]) -> float:
     """Fraction of positions where two token sequences agree (over the longer length)."""
     n = max(len(a), len(b))
     return sum(x == y for x, y in zip(a, b)) / n if n else 1.0
@@ -99,13 +99,13 @@ def run_bench(pair, prompts: list[str], variants: list[Variant], gen: Generation
         ideal = ideal_with_block_cost(alpha, int(gamma), c, block) if known else math.nan
         flat = ideal_speedup(alpha, int(gamma), c) if known else math.nan
         speed = agg["tokens_per_s"] / ar_tps if ar_tps else math.nan
-        agree = (sum(agreement(r.tokens, b.tokens) for r, b in zip(results[v.label], base)) / len(base)
+        agree = (sum(token_match(r.tokens, b.tokens) for r, b in zip(results[v.label], base)) / len(base)
                  if base else math.nan)
         row = {"variant": v.label, "method": v.method, "config": v.cfg, **agg, "speedup_vs_ar": speed,
                "alpha": alpha, "cost_ratio_c": c, "block_cost_T": block, "ideal_speedup": ideal,
                "ideal_speedup_flat": flat,
                "measured_over_ideal": speed / ideal if ideal and not math.isnan(ideal) else math.nan,
-               "agreement_with_ar": agree}
+               "token_match_vs_ar": agree}
         rows.append(row)
     return rows
 
@@ -114,7 +114,7 @@ COLUMNS = [("variant", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup_vs_ar", "{:.
            ("rejection_rate", "{:.3f}"), ("mean_accepted", "{:.2f}"), ("tokens_per_target_call", "{:.2f}"),
            ("target_calls", "{:.0f}"), ("draft_calls", "{:.0f}"), ("cost_ratio_c", "{:.3f}"),
            ("block_cost_T", "{:.2f}"), ("ideal_speedup", "{:.2f}x"), ("measured_over_ideal", "{:.2f}"),
-           ("agreement_with_ar", "{:.3f}")]
+           ("token_match_vs_ar", "{:.3f}")]
 
 
 def format_table(rows: list[dict[str, Any]], columns=COLUMNS) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from omegaconf import OmegaConf
 from scipy import stats
 
@@ -123,8 +124,8 @@ def write_table(out: Path, name: str, title: str, header: list[str], rows: list[
     """Write ``name.md`` and ``name.tex`` plus ``name.sources.json``; returns the paths."""
     title = f"{title} ({scale} scale)" if scale else title
     src = _sources(runs, missing, scale)
-    md = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    md += ["| " + " | ".join(_fmt(c) for c in r) + " |" for r in rows]
+    table = pd.DataFrame([[_fmt(c) for c in r] for r in rows], columns=header, dtype=str)
+    md = [f"# {title}", "", table.to_markdown(index=False)]
     md += ["", f"Runs: {len(runs)} from the run store" + (f"; missing cells: {len(missing)}" if missing else "") + "."
            + (" Values are mean ± 95% CI over seeds." if any(isinstance(c, Stat) and c.n > 1 for r in rows for c in r)
               else "")]
@@ -137,14 +138,10 @@ def write_table(out: Path, name: str, title: str, header: list[str], rows: list[
     if src["missing_ar"]:
         md += ["", "No matched ar run for some cells (speedup –); create them with:", ""]
         md += [f"    {c}" for c in src["missing_ar"]]
-    esc = lambda s: str(s).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&").replace("±", r"$\pm$")  # noqa: E731
-    tex = [r"\begin{table}[t]", r"\centering", r"\caption{" + esc(title) + "}", r"\begin{tabular}{" + "l" * len(header) + "}",
-           r"\toprule", " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
-    tex += [" & ".join(esc(_fmt(c)) for c in r) + r" \\" for r in rows]
-    tex += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    tex = [table.to_latex(index=False, escape=True, caption=title, position="t").replace("±", r"$\pm$")]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"{name}.md", "\n".join(md) + "\n")
-    atomic_write_text(out / f"{name}.tex", "\n".join(tex) + "\n")
+    atomic_write_text(out / f"{name}.tex", "".join(tex))
     atomic_write_json(out / f"{name}.sources.json", src)
     return [str(out / f"{name}.md"), str(out / f"{name}.tex")]
 

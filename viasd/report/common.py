@@ -125,7 +125,7 @@ def write_table(out: Path, name: str, title: str, header: list[str], rows: list[
     title = f"{title} ({scale} scale)" if scale else title
     src = _sources(runs, missing, scale)
     table = pd.DataFrame([[_fmt(c) for c in r] for r in rows], columns=header, dtype=str)
-    md = [f"# {title}", "", table.to_markdown(index=False)]
+    md = [f"# {title}", "", table.to_markdown(index=False, disable_numparse=True)]
     md += ["", f"Runs: {len(runs)} from the run store" + (f"; missing cells: {len(missing)}" if missing else "") + "."
            + (" Values are mean ± 95% CI over seeds." if any(isinstance(c, Stat) and c.n > 1 for r in rows for c in r)
               else "")]

@@ -1,0 +1,49 @@
+"""``python -m experiments.compare --ar AR_RUN_ID RUN_ID … [--out DIR --name NAME --title T --scale S]``
+
+Compares finished runs with one ``ar`` run on the examples they share (a run on
+``task.n_examples=10`` against ``ar`` on ``task.n_examples=40`` of the same workload: id-hash
+subsets nest): tokens/s and the speedup over ``ar`` on the same examples, whether each example's
+tokens equal ``ar``'s, and quality on the same examples (:mod:`viasd.report.shared`). Prints
+the table; ``--out`` also writes it as Markdown + LaTeX + sources JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from viasd.errors import ConfigError
+from viasd.paths import runs_dir
+from viasd.report.shared import HEADER, shared_table, write_shared
+from viasd.tracking.store import RunStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ar", required=True, help="run id of the ar baseline (a superset of the others' examples)")
+    ap.add_argument("runs", nargs="*", help="run ids to compare with it")
+    ap.add_argument("--runs-dir", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
+    ap.add_argument("--out", default=None, help="folder to write <name>.md/.tex/.sources.json into")
+    ap.add_argument("--name", default="shared")
+    ap.add_argument("--title", default="Runs against ar on shared examples")
+    ap.add_argument("--scale", default="", help="scale named in the title (e.g. cpu-large)")
+    args = ap.parse_args(argv)
+    store = RunStore(args.runs_dir or runs_dir())
+    try:
+        rows, _, note = shared_table(store, args.ar, args.runs)
+        if args.out:
+            for p in write_shared(Path(args.out), args.name, args.title, store, args.ar, args.runs, args.scale):
+                print(f"wrote {p}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("| " + " | ".join(HEADER) + " |")
+    for r in rows:
+        print("| " + " | ".join(f"{c:.3f}" if isinstance(c, float) else str(c) for c in r) + " |")
+    print(note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""`experiments.compare`: runs against one ar run on the examples they share (nested subsets)."""
+
+from __future__ import annotations
+
+import json
+
+from hydra import compose, initialize_config_dir
+
+from experiments import compare
+from viasd.harness.runner import run
+from viasd.paths import PROJECT_ROOT
+from viasd.report.shared import shared_table
+from viasd.tracking.store import RunStore
+
+BASE = ["pair=tiny-llama", "task=prompts", "generation.max_new_tokens=6"]
+
+
+def _run(*overrides):
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return run(compose(config_name="config", overrides=[*BASE, *overrides]))
+
+
+def test_sd_on_a_nested_subset_is_compared_with_ar_on_the_same_examples(runs_dir, tmp_path):
+    ar = _run("method=ar", "task.n_examples=4")
+    sd = _run("method=sd", "task.n_examples=2")
+    ngram = _run("method=sd_ngram", "task.n_examples=3")
+    rows, runs, note = shared_table(RunStore(runs_dir), ar["run_id"], [sd["run_id"], ngram["run_id"]])
+    assert [r[0] for r in rows] == ["ar", "sd", "sd_ngram"] and [r[2] for r in rows] == [4, 2, 3]
+    assert rows[1][7] == "2/2" and rows[2][7] == "3/3"  # lossless: every shared example has ar's tokens
+    ar_examples = {e["id"]: e for e in RunStore(runs_dir).examples(ar["run_id"])}
+    sd_examples = RunStore(runs_dir).examples(sd["run_id"])
+    ar_rate = sum(ar_examples[e["id"]]["new_tokens"] for e in sd_examples) / sum(
+        ar_examples[e["id"]]["wall_s"] for e in sd_examples)
+    sd_rate = sum(e["new_tokens"] for e in sd_examples) / sum(e["wall_s"] for e in sd_examples)
+    assert abs(rows[1][5] - sd_rate / ar_rate) < 1e-9 and rows[0][5] == 1.0
+    assert ar["run_id"] in note
+    assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o"),
+                         "--scale", "smoke"]) == 0
+    src = json.loads((tmp_path / "o" / "shared.sources.json").read_text())
+    assert set(src["baselines"].values()) == {ar["run_id"]}
+    assert "(smoke scale)" in (tmp_path / "o" / "shared.md").read_text()
+
+
+def test_another_workload_or_a_non_ar_baseline_is_one_clear_error(runs_dir, capsys):
+    ar = _run("method=ar", "task.n_examples=2")
+    longer = _run("method=sd", "task.n_examples=2", "generation.max_new_tokens=7")
+    assert compare.main(["--ar", ar["run_id"], longer["run_id"], "--runs-dir", str(runs_dir)]) == 2
+    assert "differs in generation.max_new_tokens" in capsys.readouterr().err
+    assert compare.main(["--ar", longer["run_id"], "--runs-dir", str(runs_dir)]) == 2
+    assert "pass an ar run as the baseline" in capsys.readouterr().err
+    superset = _run("method=sd", "task.n_examples=3")
+    assert compare.main(["--ar", ar["run_id"], superset["run_id"], "--runs-dir", str(runs_dir)]) == 2
+    assert "run ar on a superset" in capsys.readouterr().err

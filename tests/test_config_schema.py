@@ -9,11 +9,21 @@ it does not depend on the config schemas, and the test must not depend on the da
 from __future__ import annotations
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
+from viasd.config import GenerationConfig, to_dataclass
+from viasd.engine.drafters import DrafterConfig
+from viasd.errors import ConfigError
 from viasd.harness import runner
+from viasd.methods.api import METHODS, method_config
+from viasd.methods.sd import SDConfig
 from viasd.paths import PROJECT_ROOT
 from viasd.tracking.store import run_id_for
+
+CONF = PROJECT_ROOT / "conf"
 
 #: ``overrides`` -> run id, recorded on the commit before the schemas.
 EXPECTED = {
@@ -84,11 +94,70 @@ EXPECTED = {
 def run_ids():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "input_files", lambda cfg: {})
-        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-            yield {k: run_id_for(runner.identity(compose(config_name="config", overrides=k.split())))
-                   for k in EXPECTED}
+        yield {k: run_id(*k.split()) for k in EXPECTED}
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_id(*overrides: str) -> str:
+    return run_id_for(runner.identity(_compose(*overrides)))
 
 
 @pytest.mark.parametrize("overrides", list(EXPECTED))
 def test_run_ids_unchanged(overrides, run_ids):
     assert run_ids[overrides] == EXPECTED[overrides]
+
+
+@pytest.mark.parametrize("method", sorted(p.stem for p in (CONF / "method").glob("*.yaml")))
+def test_every_method_config_is_typed_by_its_schema(method):
+    cfg = _compose(f"method={method}")
+    cls = METHODS.get(cfg.method.name).config_cls  # sd_ngram, sd_hybrid: sd; viasd: via_sd
+    assert OmegaConf.get_type(cfg.method).__name__ == cls.__name__ + "Schema"
+    assert OmegaConf.get_type(cfg.generation) is GenerationConfig
+    assert isinstance(method_config(cfg.method.name, cfg.method), cls)
+    if "drafter" in cfg.method:
+        assert OmegaConf.get_type(cfg.method.drafter) is DrafterConfig
+
+
+def test_method_yamls_select_a_drafter_instead_of_copying_it():
+    for path in (CONF / "method").glob("*.yaml"):
+        assert "drafter" not in (yaml.safe_load(path.read_text()) or {}), f"{path.name}: use /drafter@drafter: NAME"
+
+
+@pytest.mark.parametrize("drafter", sorted(p.stem for p in (CONF / "drafter").glob("*.yaml")))
+def test_drafter_group_override(drafter):
+    cfg = _compose("method=faster_cascades", f"drafter@method.drafter={drafter}")
+    assert cfg.method.drafter.name == drafter
+    typed = method_config("faster_cascades", cfg.method).drafter
+    assert isinstance(typed, DrafterConfig) and typed.name == drafter and typed.lookup_min == 2
+
+
+def test_group_override_and_name_override_keep_the_variants_meaning():
+    """`drafter@method.drafter=X` on sd is the sd_X variant (same run); `method.drafter.name=X` keeps
+    the method's drafter options (its run id as before the drafter group)."""
+    assert run_id("method=sd", "drafter@method.drafter=ngram") == run_id("method=sd_ngram")
+    assert run_id("method=sd", "drafter@method.drafter=hybrid") == run_id("method=sd_hybrid")
+    assert _compose("method=sd", "method.drafter.name=ngram").method.drafter.lookup_min == 2
+    assert _compose("method=viasd").method == _compose("method=via_sd").method
+
+
+@pytest.mark.parametrize("override", ["method.gamma=abc", "method.gama=3", "method.drafter.max_gamma=x",
+                                      "generation.temperature=hot", "method.drafter=ngram"])
+def test_wrong_type_or_unknown_key_fails_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
+        _compose("method=sd", override)
+
+
+@pytest.mark.parametrize("node,match", [
+    ({"gamma": "abc"}, r"method\.gamma must be an integer, got 'abc'"),
+    ({"drafter": {"max_gamma": 1.5}}, r"method\.drafter\.max_gamma must be an integer"),
+    ({"drafter": {"bogus": 1}}, r"unknown DrafterConfig keys \['bogus'\] at method\.drafter\.bogus; accepted: "),
+    ({"drafter": "ngram"}, r"method: .*not a subclass of DrafterConfig"),
+])
+def test_to_dataclass_errors_are_one_line(node, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        to_dataclass(SDConfig, node, where="method")
+    assert "\n" not in str(e.value)

@@ -26,7 +26,7 @@ T = TypeVar("T")
 class ModelSpec:
     """One model of a pair: a hub id or local path (``id``), optional GGUF file and revision."""
 
-    id: str = ""
+    id: str | None = ""  # None: set on the command line (pair=hf) or by the loader (smollm2)
     revision: str | None = None
     dtype: str | None = None  # None: the pair's dtype
     gguf_file: str | None = None
@@ -119,6 +119,8 @@ def to_dataclass(cls: type[T], node: Any, where: str | None = None) -> T:
     if not isinstance(node, (dict, DictConfig)):
         raise ConfigError(f"expected a mapping for {cls.__name__}, got {node!r}")
     try:
+        if isinstance(node, DictConfig):  # resolve interpolations against the node's own root
+            node = OmegaConf.to_container(node, resolve=True)
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
     except OmegaConfBaseException as e:
         at = ".".join(p for p in (where or cls.__name__, e.full_key) if p)

@@ -182,7 +182,7 @@ def test_cascade_sd_bigram_fallback_counts_and_can_be_switched_off():
     assert on.counters.tiers["bigram_fallback_tokens"] > 0 and "bigram_fallback_tokens" not in off.counters.tiers
     assert on.counters.tiers["level1_drafted"] > off.counters.tiers.get("level1_drafted", 0)
     with pytest.raises(ConfigError, match="bigram_fallback must be true or false"):
-        decode(pair, "hello", "cascade_sd", {"bigram_fallback": "yes"})
+        decode(pair, "hello", "cascade_sd", {"bigram_fallback": "maybe"})  # OmegaConf reads yes/no/on/off as bools
 
 
 # ------------------------------------------------------------------------------ deferral rules

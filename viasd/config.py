@@ -1,8 +1,9 @@
 """Typed configuration objects shared by the library and the Hydra entry points.
 
-Hydra composes YAML into DictConfigs; :func:`to_dataclass` turns a node into one of these
-dataclasses (unknown keys are an error naming the allowed ones), so library code is typed and
-every knob has one documented default.
+Hydra composes YAML into DictConfigs typed by these dataclasses (the schemas registered in its
+ConfigStore by :mod:`viasd.harness.config`); :func:`to_dataclass` turns a node, dict or instance
+into one (unknown keys and wrong types are one error line naming the key), so library code is
+typed and every knob has one documented default.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
 from viasd.errors import ConfigError
 
 T = TypeVar("T")
@@ -22,7 +26,7 @@ T = TypeVar("T")
 class ModelSpec:
     """One model of a pair: a hub id or local path (``id``), optional GGUF file and revision."""
 
-    id: str = ""
+    id: str | None = ""  # None: set on the command line (pair=hf) or by the loader (smollm2)
     revision: str | None = None
     dtype: str | None = None  # None: the pair's dtype
     gguf_file: str | None = None
@@ -59,7 +63,7 @@ class GenerationConfig:
     target, so lossless methods are lossless w.r.t. the *processed* target distribution.
     """
 
-    max_new_tokens: int = 64
+    max_new_tokens: int | None = 64  # None (composed configs only): the task's own
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -74,7 +78,7 @@ class GenerationConfig:
         return list(self.eos_token_ids) if self.eos_token_ids is not None else pair.eos_token_ids
 
     def validate(self) -> None:
-        if self.max_new_tokens < 1:
+        if self.max_new_tokens is None or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens}); set generation.max_new_tokens")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature}); 0 means greedy")
@@ -88,66 +92,43 @@ class GenerationConfig:
         return self.temperature == 0
 
 
-_SCALARS = {int: "an integer", float: "a number", bool: "true or false"}
+_KINDS = {int: ("an integer", "4"), float: ("a number", "0.5"), bool: ("true or false", "true")}
 
 
-def _scalar_type(annotation: Any) -> tuple[type | None, bool]:
-    """``(int|float|bool or None, None allowed)`` for a field annotation like ``int | None``."""
-    if annotation in _SCALARS:
-        return annotation, False
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1 and rest[0] in _SCALARS:
-            return rest[0], len(rest) < len(args)
-    return None, True
-
-
-def _check_type(where: str, key: str, annotation: Any, value: Any) -> None:
-    """Raise a ConfigError when a numeric/boolean field gets a value of another type."""
-    kind, nullable = _scalar_type(annotation)
-    if kind is None or (value is None and nullable):
-        return
-    ok = isinstance(value, bool) if kind is bool else (
-        isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{where}.{key} must be {_SCALARS[kind]}, got {value!r}; e.g. {where}.{key}=" +
-                          {int: "4", float: "0.5", bool: "true"}[kind])
+def _field_kind(cls: Any, key: Any) -> tuple[str, str] | None:
+    """``(phrase, example)`` for an int/float/bool (or optional) field ``key`` of dataclass ``cls``."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(key, str)):
+        return None
+    ann = typing.get_type_hints(cls).get(key)
+    args = [a for a in typing.get_args(ann) if a is not type(None)] if typing.get_origin(ann) in (
+        typing.Union, types.UnionType) else [ann]
+    return _KINDS.get(args[0]) if len(args) == 1 else None
 
 
 def to_dataclass(cls: type[T], node: Any, where: str | None = None) -> T:
-    """Build dataclass ``cls`` from a dict / DictConfig / instance, recursively and strictly.
+    """Dataclass ``cls`` from a dict / DictConfig / instance, typed by OmegaConf's structured merge.
 
-    Unknown keys raise a ConfigError listing the accepted ones; a value of the wrong type for
-    an ``int`` / ``float`` / ``bool`` field (e.g. ``method.gamma=abc``) raises a ConfigError
-    naming ``where.key`` (``where`` defaults to the class name).
+    Nested dataclass fields are typed too. An unknown key or a value of the wrong type raises one
+    :class:`ConfigError` line naming ``where.key`` (``where`` defaults to the class name). Range
+    checks stay in the classes' ``validate()``.
     """
     if node is None:
         return cls()
     if isinstance(node, cls):
         return node
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(node, DictConfig):
-            node = OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    if not isinstance(node, dict):
+    if not isinstance(node, (dict, DictConfig)):
         raise ConfigError(f"expected a mapping for {cls.__name__}, got {node!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(node) - set(fields)
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} keys {sorted(unknown)}; accepted: {sorted(fields)}")
-    kwargs = {}
-    hints = {ModelSpec: ("draft", "target", "intermediate")}
     try:
-        annotations = typing.get_type_hints(cls)
-    except Exception:  # an annotation that cannot be resolved: no type checks for this class
-        annotations = {}
-    for k, v in node.items():
-        _check_type(where or cls.__name__, k, annotations.get(k), v)
-        if cls is PairConfig and k in hints[ModelSpec] and isinstance(v, dict):
-            v = to_dataclass(ModelSpec, v)
-        kwargs[k] = v
-    return cls(**kwargs)
+        if isinstance(node, DictConfig):  # resolve interpolations against the node's own root
+            node = OmegaConf.to_container(node, resolve=True)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), node))
+    except OmegaConfBaseException as e:
+        at = ".".join(p for p in (where or cls.__name__, e.full_key) if p)
+        owner = e.object_type
+        if isinstance(e, ConfigKeyError) and isinstance(owner, type) and dataclasses.is_dataclass(owner):
+            accepted = sorted(f.name for f in dataclasses.fields(owner))
+            raise ConfigError(f"unknown {owner.__name__} keys [{e.key!r}] at {at}; accepted: {accepted}") from None
+        kind = _field_kind(owner, e.key) if isinstance(e, ValidationError) else None
+        if kind is not None:
+            raise ConfigError(f"{at} must be {kind[0]}, got {e.value!r}; e.g. {at}={kind[1]}") from None
+        raise ConfigError(f"{at}: {str(e).splitlines()[0]}") from None

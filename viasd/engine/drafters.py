@@ -48,11 +48,17 @@ class DrafterConfig:
     name: str = "model"
     ngram_max: int = 3  # ngram: longest suffix to match
     ngram_min: int = 1  # ngram: shortest suffix to match
-    lookup_min: int = 2  # hybrid: shortest suffix match that makes the lookup draft the block
+    # hybrid: shortest suffix match that makes the lookup draft the block (None: unset, i.e. 2 —
+    # conf/drafter/ngram.yaml leaves it unset, so the ngram runs keep their ids: viasd.harness.config)
+    lookup_min: int | None = 2
     layers: list[int] | None = None  # self: kept target layers (None: the pair's default)
     length_policy: str = "constant"  # constant | heuristic | confidence
     min_confidence: float = 0.4  # confidence policy threshold
     max_gamma: int = 16  # heuristic policy cap
+
+    def __post_init__(self) -> None:
+        if self.lookup_min is None:
+            self.lookup_min = 2
 
 
 class Drafter:

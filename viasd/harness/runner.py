@@ -28,6 +28,7 @@ from viasd.config import GenerationConfig, to_dataclass
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.engine.result import DecodeResult
 from viasd.errors import RunInterrupted
+from viasd.harness.config import drop_unset
 from viasd.methods.api import METHODS, decode, method_config, warm_up
 from viasd.paths import data_dir
 from viasd.tracking.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
@@ -115,9 +116,10 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
     """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl).
 
     Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files`, so an
-    edited prompt/data/mask file gives a new run id.
+    edited prompt/data/mask file gives a new run id; leaves out the keys the config schemas add
+    at their unset value (:func:`~viasd.harness.config.drop_unset`), so older run ids stay valid.
     """
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = drop_unset(OmegaConf.to_container(cfg, resolve=True))
     entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
     if entry == "run":
         resolved["inputs"] = {k: _sha(p) for k, p in input_files(cfg).items()}

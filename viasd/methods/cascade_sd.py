@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -78,8 +79,8 @@ class CascadeLevel:
 
     name: str = "model"
     tokens: int = 3
-    vertical: list[str] = field(default_factory=list)
-    vertical_tokens: list[int] | int = 2
+    vertical: Any = field(default_factory=list)  # list of drafter names (or one name)
+    vertical_tokens: Any = 2  # list of counts, one per vertical drafter (or one count for all)
     leniency: float = 0.0
 
 
@@ -102,7 +103,7 @@ def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
     out = []
     for i, raw in enumerate(levels):
         at = f"{where}[{i}]"
-        lv = to_dataclass(CascadeLevel, dict(raw) if isinstance(raw, dict) else raw)
+        lv = to_dataclass(CascadeLevel, raw, where=at)
         vertical = [lv.vertical] if isinstance(lv.vertical, str) else list(lv.vertical or [])
         vt = lv.vertical_tokens
         vt = [vt] * len(vertical) if isinstance(vt, int) else list(vt or [])
@@ -124,7 +125,7 @@ def cascade_levels(levels, where: str = "method.levels") -> list[CascadeLevel]:
             if name in _NON_NEURAL:
                 raise ConfigError(f"{at}: {name!r} cannot verify proposals of a smaller drafter "
                                   f"(chain {chain}); only model drafters (model, self) can sit above another")
-        if isinstance(lv.leniency, bool) or not isinstance(lv.leniency, (int, float)) or not 0 <= lv.leniency < 1:
+        if not 0 <= lv.leniency < 1:
             raise ConfigError(f"{at}.leniency must be a number in [0, 1) (got {lv.leniency!r}); 0 is exact")
         out.append(CascadeLevel(lv.name, lv.tokens, vertical, vt, float(lv.leniency)))
     return out
@@ -146,17 +147,11 @@ class CascadeSDConfig:
     drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig(name="cascade"))
 
     def validate(self) -> None:
-        if not isinstance(self.drafter, DrafterConfig):
-            raw = dict(self.drafter or {})
-            raw.setdefault("name", "cascade")
-            self.drafter = to_dataclass(DrafterConfig, raw)
         if self.drafter.name != "cascade":
             raise ConfigError(f"cascade_sd drafts with its cascade: set the drafters in method.levels "
                               f"(got method.drafter.name={self.drafter.name!r}; leave it 'cascade')")
         self.levels = cascade_levels(self.levels)
-        if not isinstance(self.bigram_fallback, bool):
-            raise ConfigError(f"bigram_fallback must be true or false (got {self.bigram_fallback!r})")
-        if self.gamma is not None and (not isinstance(self.gamma, int) or self.gamma < 1):
+        if self.gamma is not None and self.gamma < 1:
             raise ConfigError(f"gamma must be an integer >= 1 or null (got {self.gamma!r}); "
                               "null drafts sum(levels[*].tokens) tokens per round")
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from viasd.config import to_dataclass
 from viasd.core.cascade_rules import RULES, target_distribution
 from viasd.core.rules import sd_accept_prob, sd_residual
 from viasd.core.sampling import probs_from_logits, sample
@@ -58,16 +57,10 @@ class FasterCascadesConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def validate(self) -> None:
-        if not isinstance(self.drafter, DrafterConfig):
-            self.drafter = to_dataclass(DrafterConfig, self.drafter)
         if int(self.gamma) < 1:
             raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
         if self.rule not in RULES:
             raise ConfigError(f"unknown deferral rule {self.rule!r}; set method.rule to one of {', '.join(RULES.names())}")
-        try:
-            self.alpha = float(self.alpha)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"alpha (the lenience) must be a number (got {self.alpha!r})") from e
         if math.isnan(self.alpha):
             raise ConfigError("alpha (the lenience) must be a number, not NaN")
 

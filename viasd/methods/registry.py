@@ -3,7 +3,8 @@
 Each method module decorates its loop with :func:`register_method`. The built-in methods are
 listed here explicitly and imported lazily (on the first lookup of their name), so nothing
 registers by the side effect of an unrelated import. ``viasd`` is the user-facing alias of
-``via_sd`` (``method=viasd`` on the command line and in old runs' configs).
+``via_sd`` (``method=viasd`` on the command line and in old runs' configs). The ``cascade``
+drafter, defined with the ``cascade_sd`` method, is listed here the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from viasd.engine.drafters import DRAFTERS
 from viasd.engine.result import DecodeResult
 from viasd.registry import Registry
 
@@ -50,3 +52,5 @@ BUILTIN = {
 for _name, _module in BUILTIN.items():
     METHODS.register_lazy(_name, _module)
 METHODS.alias("viasd", "via_sd")
+# The Cascade-SD cascade is a drafter of every method too (method.drafter.name=cascade).
+DRAFTERS.register_lazy("cascade", "viasd.methods.cascade_sd")

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from viasd.config import to_dataclass
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
 from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
@@ -31,8 +30,6 @@ class SDConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     def validate(self) -> None:
-        if not isinstance(self.drafter, DrafterConfig):
-            self.drafter = to_dataclass(DrafterConfig, self.drafter)
         if int(self.gamma) < 1:
             raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
 

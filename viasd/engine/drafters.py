@@ -203,8 +203,6 @@ def hybrid_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
 DRAFTERS.register("model")(model_drafter)
 DRAFTERS.register("ngram")(ngram_drafter)
 DRAFTERS.register("hybrid")(hybrid_drafter)
-# The cascade drafter (Cascade SD's levels) lives with its method; imported on first use.
-DRAFTERS.register_lazy("cascade", "viasd.methods.cascade_sd")
 
 
 @DRAFTERS.register("self")

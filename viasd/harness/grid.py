@@ -67,7 +67,9 @@ def exp_cells(overrides: list[str]) -> list[tuple[list[str], DictConfig]]:
     (e.g. ``["+exp=table2", "scale=smoke"]``); works inside or outside a Hydra app."""
 
     def _do() -> list[tuple[list[str], DictConfig]]:
-        top = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+                 if not o.is_sweep_override()]  # the sweep itself cannot compose; its sweeper params can
+        top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
         params = OmegaConf.to_container(top.hydra.sweeper.params, resolve=True) or {}
         return [(job, compose(config_name="config", overrides=job)) for job in sweep_overrides(params, overrides)]
 

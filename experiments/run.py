@@ -1,37 +1,52 @@
-"""``python -m experiments.run [pair=…] [method=…] [task=…] [+exp=NAME]`` — the main entry point.
+"""``python -m experiments.run [pair=…] [method=…] [task=…] [+exp=NAME [scale=…]]`` — the main entry point.
 
-Hydra composes ``conf/config.yaml``. With ``+exp=NAME`` the exp's grid is expanded, its
-prerequisites are checked once, and every cell runs in turn (finished runs are skipped);
-otherwise :func:`viasd.harness.runner.run` runs one configuration. ``dry_run=true`` prints what every
-cell would load, read and need (:mod:`viasd.harness.dryrun`) and runs nothing. Every user-facing failure
-is one line on stderr: configuration errors (exit status 2) and Ctrl-C (status 130, naming the
-partial run folder, which stays unfinished and is redone by the next identical command).
+Hydra composes ``conf/config.yaml``. An exp (``+exp=NAME``) is a Hydra multirun: its
+``hydra.sweeper.params`` and its scale's expand into cells, each one job of this function; the
+grid callback (:mod:`viasd.harness.grid`) checks prerequisites once first and sums up at the
+end (finished runs are skipped). Otherwise :func:`viasd.harness.runner.run` runs one
+configuration. ``dry_run=true`` prints what every cell would load, read and need
+(:mod:`viasd.harness.dryrun`) and runs nothing. Every user-facing failure is one line on stderr:
+configuration errors (exit status 2; in a grid the cell is reported and the others still run)
+and Ctrl-C (status 130, naming the partial run folder, which stays unfinished and is redone by
+the next identical command). ``exp.scale=S`` is accepted as the old spelling of ``scale=S``.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from viasd.errors import ConfigError, RunInterrupted
 from viasd.harness.dryrun import dry_run_main
-from viasd.harness.grid import run_cell, run_exp
+from viasd.harness.grid import cell_label, run_cell
+
+
+def _cell(cfg: DictConfig) -> dict[str, Any]:
+    """One job of a multirun: a failure is reported and returned, so the other cells still run."""
+    try:
+        return run_cell(cfg)
+    except ConfigError as e:
+        print(f"error in {cell_label(cfg)}: {e}", file=sys.stderr)
+    except Exception:  # one failing cell never stops the grid
+        traceback.print_exc()
+    return {"failed": cell_label(cfg)}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict[str, Any] | None:
     try:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return _cell(cfg)
         if cfg.get("dry_run"):
-            dry_run_main(cfg, list(HydraConfig.get().overrides.task))
-        elif cfg.get("exp") is not None:
-            failures = run_exp(list(HydraConfig.get().overrides.task))
-            if failures:
-                sys.exit(1)
-        else:
-            run_cell(cfg)
+            dry_run_main(cfg)
+            return None
+        return run_cell(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -43,7 +58,13 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
 
 
+def old_spelling(argv: list[str]) -> list[str]:
+    """``exp.scale=S`` (the spelling before scales became a config group) as ``scale=S``."""
+    return [("scale=" + a.split("=", 1)[1]) if a.startswith("exp.scale=") else a for a in argv]
+
+
 if __name__ == "__main__":
+    sys.argv = old_spelling(sys.argv)
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config

@@ -31,7 +31,7 @@ def _offline_hub(monkeypatch, tmp_path):
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("exp", exp_names())
 def test_dry_run_every_exp_every_scale(exp, scale, capsys):
-    cells = compose_cells([f"+exp={exp}", f"exp.scale={scale}", "dry_run=true"])
+    cells = compose_cells([f"+exp={exp}", f"scale={scale}", "dry_run=true"])
     plans = dr.dry_run(cells, exp)
     out = capsys.readouterr().out
     assert len(plans) == len(cells) > 0
@@ -55,7 +55,7 @@ _CELLS: list = []
 
 def _paper_cell(pair="llama2-7b-70b"):
     if not _CELLS:
-        _CELLS.extend(compose_cells(["+exp=fig_tiers", "exp.scale=paper"]))
+        _CELLS.extend(compose_cells(["+exp=fig_tiers", "scale=paper"]))
     return next(c for c in _CELLS if c.pair.name == pair).copy()
 
 
@@ -81,7 +81,7 @@ def test_unknown_model_and_short_calibration_are_one_line():
     cell.pair.target.id = "nobody/no-such-model"
     with pytest.raises(ConfigError, match="no parameter count for model 'nobody/no-such-model'"):
         dr.plan_cell(cell)
-    search = compose_cells(["+exp=table1", "exp.scale=smoke"])[0]
+    search = compose_cells(["+exp=table1", "scale=smoke"])[0]
     search.search.calibration, search.search.n_calibration = ["builtin"], 50
     with pytest.raises(ConfigError, match="yields 7 texts < search.n_calibration=50"):
         dr.plan_cell(search)
@@ -89,10 +89,10 @@ def test_unknown_model_and_short_calibration_are_one_line():
 
 def test_cli_dry_run_exit_codes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VIASD_RUNS_DIR": str(tmp_path), "VIASD_DRYRUN_GPUS": "24"}
-    cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_tiers", "exp.scale=paper", "dry_run=true",
+    cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_tiers", "scale=paper", "dry_run=true",
            f"hydra.run.dir={tmp_path}/h"]
     p = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 2, p.stderr[-2000:]
     err = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/viasd/xsum): pair 'gemma2-2b-9b' needs ~")
+    assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/via_sd/xsum): pair 'gemma2-2b-9b' needs ~")
     assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout

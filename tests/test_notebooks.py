@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from viasd.harness.grid import run_exp
+from tests.helpers.app import run_app
 from viasd.paths import PROJECT_ROOT
 
 NOTEBOOKS = sorted((PROJECT_ROOT / "notebooks").glob("*.ipynb"))
@@ -20,7 +20,8 @@ def test_notebook_executes_and_shows_images(path, runs_dir, tmp_path, monkeypatc
     monkeypatch.setenv("VIASD_NOTEBOOK_SCALE", "smoke")
     monkeypatch.setenv("VIASD_NOTEBOOK_OVERRIDES", "task=prompts")
     monkeypatch.setenv("VIASD_NOTEBOOK_OUT", str(tmp_path / "figs"))
-    assert run_exp(["+exp=table4", "exp.scale=smoke", "task=prompts"]) == 0
+    r = run_app("+exp=table4", "scale=smoke", "task=prompts", runs=runs_dir, data=synthetic_data)
+    assert r.returncode == 0, r.stderr[-3000:]
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(PROJECT_ROOT)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]

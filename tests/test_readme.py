@@ -67,7 +67,7 @@ def _kind(line: str) -> str:
 def needs_gpu_or_hub(args: list[str]) -> bool:
     """A command meant for a GPU machine with the hub: a CUDA device, the paper scale or a hub model id."""
     hub_id = re.compile(r"pair\.\w+\.id=[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-    return any(a == "pair.device=cuda" or a == "exp.scale=paper" or (hub_id.match(a) and not a.split("=", 1)[1]
+    return any(a == "pair.device=cuda" or a in ("scale=paper", "exp.scale=paper") or (hub_id.match(a) and not a.split("=", 1)[1]
                .startswith("/")) for a in args)
 
 

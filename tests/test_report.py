@@ -1,7 +1,7 @@
 """Reports: speedups against the matched ar run only, repeats as mean ± CI, one folder per scale.
 
-The grids run on the built-in prompts (``task=prompts`` replaces the exp's task axis), so
-these tests need no offline data.
+The grids run through ``python -m experiments.run`` on the built-in prompts (``task=prompts``
+replaces the exp's task axis, ``method=ar,sd`` its method axis), so these tests need no offline data.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import report as report_cli
-from viasd.harness.grid import run_exp
+from tests.helpers.app import run_app
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.report.build import build_all, mean_ci
 from viasd.tracking.store import RunStore
 
-BASE = ["+exp=table2", "exp.scale=smoke", "task=prompts"]
+BASE = ["+exp=table2", "scale=smoke", "task=prompts"]
 
 
-def _grid(*extra: str) -> None:
-    assert run_exp([*BASE, "method=ar", *extra]) == 0
-    assert run_exp([*BASE, "method=sd", *extra]) == 0
+def _grid(runs_dir, *extra: str, methods: str = "ar,sd") -> None:
+    r = run_app(*BASE, f"method={methods}", *extra, runs=runs_dir)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def _table(tmp_path, store, *extra: str) -> tuple[str, dict]:
@@ -35,7 +35,7 @@ def _table(tmp_path, store, *extra: str) -> tuple[str, dict]:
 
 
 def test_unrelated_ar_run_leaves_the_table_unchanged(runs_dir, tmp_path):
-    _grid()
+    _grid(runs_dir)
     store = RunStore(runs_dir)
     before, src = _table(tmp_path, store)
     (sd_run, ar_run), = src["baselines"].items()
@@ -48,10 +48,10 @@ def test_unrelated_ar_run_leaves_the_table_unchanged(runs_dir, tmp_path):
 
 
 def test_missing_ar_names_the_command_and_run_missing_ar_creates_it(runs_dir, tmp_path):
-    assert run_exp([*BASE, "method=sd"]) == 0
+    _grid(runs_dir, methods="sd")
     store = RunStore(runs_dir)
     md, src = _table(tmp_path, store)
-    assert src["missing_ar"] == ["python -m experiments.run method=ar task=prompts pair=tiny-llama seed=0 "
+    assert src["missing_ar"] == ["python -m experiments.run method=ar task=prompts seed=0 pair=tiny-llama "
                                  "task.n_examples=2 generation.max_new_tokens=8"]
     assert src["missing_ar"][0] in md and re.search(r"\|\s+–\s+\|", md)
     assert report_cli.main(["--scale", "smoke", "--only", "table2", "--out", str(tmp_path / "pf"),
@@ -62,7 +62,7 @@ def test_missing_ar_names_the_command_and_run_missing_ar_creates_it(runs_dir, tm
 
 
 def test_smoke_report_cannot_overwrite_another_scales_files(runs_dir, tmp_path):
-    _grid()
+    _grid(runs_dir)
     local = tmp_path / "pf" / "local"
     local.mkdir(parents=True)
     (local / "table2.md").write_text("committed local-scale table\n")
@@ -73,8 +73,8 @@ def test_smoke_report_cannot_overwrite_another_scales_files(runs_dir, tmp_path):
 
 
 def test_seeds_are_repeats_reported_as_mean_and_ci(runs_dir, tmp_path):
-    _grid("+exp.seeds=[0,1]")
-    md, src = _table(tmp_path, RunStore(runs_dir), "+exp.seeds=[0,1]")
+    _grid(runs_dir, "seed=0,1")
+    md, src = _table(tmp_path, RunStore(runs_dir), "seed=0,1")
     assert len(src["runs"]) == 2 and len(set(src["baselines"].values())) == 2  # each seed against its own ar
     row = next(line for line in md.splitlines() if line.startswith("| tiny-llama"))
     assert " ± " in row and "2" in [c.strip() for c in row.split("|")] and "mean ± 95% CI over seeds" in md

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from viasd.harness.grid import cell_overrides, compose_cells
+from viasd.harness.grid import compose_cells
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.tracking.store import RunStore
@@ -58,14 +58,14 @@ def test_slim_mask_used_is_recorded(runs_dir):
 
 
 def test_command_line_overrides_exp_values_and_seeds_expand():
-    cells = compose_cells(["generation.max_new_tokens=32", "seed=3"], exp_name="table2", scale="smoke")
-    assert cells and all(c.generation.max_new_tokens == 32 and c.seed == 3 for c in cells)
-    default = compose_cells([], exp_name="table2", scale="smoke")
+    base = ["+exp=table2", "scale=smoke"]
+    cells = compose_cells([*base, "generation.max_new_tokens=32", "seed=3"])
+    assert len(cells) == 25 and all(c.generation.max_new_tokens == 32 and c.seed == 3 for c in cells)
+    default = compose_cells(base)
     assert {c.generation.max_new_tokens for c in default} == {8}
-    exp = {"name": "x", "scale": "s", "seeds": [0, 1, 2], "grid": {"method": ["ar", "sd"]}, "scales": {"s": {}}}
-    assert len(cell_overrides(exp)) == 6
-    assert len(cell_overrides({**exp, "seeds": None, "repeats": 2})) == 4
-    assert len(cell_overrides(exp, {"seed"})) == 2
+    seeds = compose_cells([*base, "seed=0,1,2", "method=ar,sd", "task=xsum"])
+    assert sorted((c.method.name, c.seed) for c in seeds) == [("ar", 0), ("ar", 1), ("ar", 2), ("sd", 0), ("sd", 1),
+                                                             ("sd", 2)]
 
 
 def read_wandb_log(path: Path) -> list:

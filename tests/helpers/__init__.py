@@ -1,1 +1,1 @@
-"""Test helpers: synthetic evaluation data in the offline files' schemas."""
+"""Test helpers: synthetic evaluation data in the offline files' schemas, the app as a subprocess."""

@@ -1,7 +1,8 @@
 """Dry run of a run or an exp grid: what each cell would load and read, without downloading.
 
-``python -m experiments.run +exp=NAME exp.scale=paper dry_run=true`` (or a single run with
-``dry_run=true``) calls :func:`dry_run`, which composes every cell and prints, per cell:
+``python -m experiments.run +exp=NAME scale=paper dry_run=true`` (the grid callback,
+:mod:`viasd.harness.grid`) or a single run with ``dry_run=true`` calls :func:`dry_run`, which
+prints, per composed cell:
 
 * the models (hub id, revision, dtype, device / device map) with a memory estimate each —
   parameter counts come from :data:`KNOWN_PARAMS` (the paper pairs), a local ``config.json``
@@ -25,11 +26,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
-from viasd.harness.grid import compose_cells
 
 __all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
@@ -330,13 +329,6 @@ def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
     return plans
 
 
-def dry_run_main(cfg: DictConfig, overrides: list[str]) -> list[CellPlan]:
-    """The ``dry_run=true`` entry: every cell of the selected exp (or the one run), planned and printed."""
-    if cfg.get("exp") is None:
-        return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}")
-    try:
-        cells = compose_cells(overrides)
-    except HydraException as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"exp {cfg.exp.get('name')!r}: a cell does not compose: {first}") from None
-    return dry_run(cells, str(cfg.exp.get("name")))
+def dry_run_main(cfg: DictConfig) -> list[CellPlan]:
+    """The ``dry_run=true`` entry of a single run (an exp's dry run is the grid callback's)."""
+    return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}")

@@ -1,8 +1,8 @@
 """Rebuild every table and figure from the run store (never from anything else).
 
-For each exp, the cells are re-composed with Hydra (:func:`viasd.harness.grid.compose_cells`),
-their run ids computed exactly as the runner does, and the finished runs read from the local
-run store. Outputs go to ``<out>/<scale>/`` with the scale in every title, so a smoke report
+For each exp, the cells are re-composed with Hydra (:func:`viasd.harness.grid.exp_cells`: the
+exp's sweeper params expanded by Hydra's own override parser), their run ids computed exactly as
+the runner does, and the finished runs read from the local run store. Outputs go to ``<out>/<scale>/`` with the scale in every title, so a smoke report
 can never overwrite local- or paper-scale files. Every speedup is against the ``ar`` run of the
 identical workload (:mod:`viasd.tracking.baseline`); each output lists its runs, the ``ar`` run
 each speedup used, the missing cells and, for cells without a matched ``ar`` run, the command
@@ -30,7 +30,7 @@ def build_all(out: Path, store: RunStore, scale: str = "local", names: list[str]
     for name in names or REPORTS.names():
         runs, missing = collect(name, scale, store, overrides)
         if not runs:
-            result[name] = f"skipped: no finished runs ({len(missing)} cells missing; run +exp={name} exp.scale={scale})"
+            result[name] = f"skipped: no finished runs ({len(missing)} cells missing; run +exp={name} scale={scale})"
             continue
         result[name] = REPORTS.get(name)(runs, missing, dest, store, scale)
     return result

@@ -19,7 +19,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from scipy import stats
 
-from viasd.harness.grid import compose_cells_with_overrides
+from viasd.harness.grid import exp_cells
 from viasd.harness.runner import identity
 from viasd.registry import Registry
 from viasd.tracking.baseline import (
@@ -45,9 +45,9 @@ def collect(exp: str, scale: str, store: RunStore, overrides: list[str] | None =
     ``ar_command`` (the command creating the missing ``ar`` run, else None).
     """
     index = ar_index(store)
-    base = [o for o in (overrides or []) if not o.lstrip("+").startswith(("exp=", "exp.scale="))]
+    base = [o for o in (overrides or []) if not o.lstrip("+").startswith(("exp=", "exp.scale=", "scale="))]
     runs, missing = [], []
-    for cell, cfg in compose_cells_with_overrides(base, exp_name=exp, scale=scale):
+    for cell, cfg in exp_cells([f"+exp={exp}", f"scale={scale}", *base]):
         ident = identity(cfg)
         rid = run_id_for(ident)
         if not store.is_finished(rid):
@@ -59,7 +59,7 @@ def collect(exp: str, scale: str, store: RunStore, overrides: list[str] | None =
             (matched_ar(ident, index) if timed else None)
         cmd = None
         if ar is None and timed:
-            keep = [o for o in base + cell if not o.split("=", 1)[0].lstrip("+~").startswith("method")]
+            keep = [o for o in cell if not o.split("=", 1)[0].lstrip("+~").startswith(("method", "exp", "scale"))]
             cmd = "python -m experiments.run method=ar " + " ".join(keep)
         runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary, "ar": ar,
                      "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd})

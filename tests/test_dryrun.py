@@ -96,3 +96,13 @@ def test_cli_dry_run_exit_codes(tmp_path):
     err = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/via_sd/xsum): pair 'gemma2-2b-9b' needs ~")
     assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout
+
+
+def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch, capsys):
+    """The Qwen pair's plan comes from pinned counts (untied GGUF heads), never from loading 9 GB."""
+    monkeypatch.setattr(dr, "_built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
+    [cell] = [c for c in compose_cells(["+exp=table2", "scale=cpu-large", "task=humaneval", "method=via_sd"])]
+    plan = dr.plan_cell(cell)
+    params = {m["role"]: m["params"] for m in plan.models}
+    assert params == {"draft": 630_167_424, "target": 1_777_088_000}
+    assert 10 < sum(m["gib"] for m in plan.models) * 1.2 < 11.5

@@ -6,8 +6,8 @@ replaces the exp's task axis, ``method=ar,sd`` its method axis), so these tests 
 
 from __future__ import annotations
 
-import re
 import json
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir

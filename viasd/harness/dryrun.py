@@ -29,6 +29,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
+from viasd.models.gguf_index import converted_dir, index_model
 
 __all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
@@ -45,6 +46,9 @@ KNOWN_PARAMS: dict[str, int] = {
     "google/flan-t5-base": 247_577_856,
     "google/flan-t5-large": 783_150_080,
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
+    # The package-index GGUFs carry an untied output matrix (viasd.models.index_specs): more than the hub configs.
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF)": 630_167_424,
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct (GGUF)": 1_777_088_000,
 }
 # Hub ids whose licence must be accepted on the model page before a token can download them.
 GATED: tuple[str, ...] = ("meta-llama/", "google/gemma")
@@ -160,6 +164,18 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
         if draft != "none":
             rows.append({"role": "draft", "id": f"distilled draft ({draft}; built on first use)", "revision": "-",
                          "dtype": dtype, "device": device, "params": 0, "gib": 0.0, "gated": False})
+    elif loader == "gguf_index":  # never load these for a plan: the 1.5B is ~7 GB in fp32
+        for role in ("draft", "target", "intermediate"):
+            spec = pair.get(role) or {}
+            if not spec.get("id"):
+                continue
+            model = index_model(spec["id"])
+            n = KNOWN_PARAMS.get(f"{model.hub_id} (GGUF)")
+            if n is None:
+                n = _model_params(str(converted_dir(model)), name, False)
+            label = f"{model.name} (GGUF in {len(model.parts)} wheels from {model.parts[0].package})"
+            rows.append({"role": role, "id": label, "revision": "-",
+                         "dtype": dtype, "device": device, "params": n, "gib": n * BYTES[dtype] / GIB, "gated": False})
     else:
         counts = _built_params(json.dumps({**pair, "dtype": "float32"}, sort_keys=True))
         for role, n in counts.items():

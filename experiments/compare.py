@@ -1,4 +1,4 @@
-"""``python -m experiments.compare --ar AR_RUN_ID RUN_ID … [--out DIR --name NAME --title T --scale S]``
+"""``python -m experiments.compare --ar AR_RUN_ID RUN_ID … [--ignore KEY …] [--out DIR --name NAME --title T --scale S]``
 
 Compares finished runs with one ``ar`` run on the examples they share (a run on
 ``task.n_examples=10`` against ``ar`` on ``task.n_examples=40`` of the same workload: id-hash
@@ -28,12 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="shared")
     ap.add_argument("--title", default="Runs against ar on shared examples")
     ap.add_argument("--scale", default="", help="scale named in the title (e.g. cpu-large)")
+    ap.add_argument("--ignore", nargs="*", default=[], help="config keys allowed to differ (e.g. pair.draft: "
+                    "a draft loaded but unused by ar and by model-free drafters); named in the table's note")
     args = ap.parse_args(argv)
     store = RunStore(args.runs_dir or runs_dir())
     try:
-        rows, _, note = shared_table(store, args.ar, args.runs)
+        rows, _, note = shared_table(store, args.ar, args.runs, tuple(args.ignore))
         if args.out:
-            for p in write_shared(Path(args.out), args.name, args.title, store, args.ar, args.runs, args.scale):
+            for p in write_shared(Path(args.out), args.name, args.title, store, args.ar, args.runs, args.scale,
+                                  tuple(args.ignore)):
                 print(f"wrote {p}")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -51,3 +51,10 @@ def test_another_workload_or_a_non_ar_baseline_is_one_clear_error(runs_dir, caps
     superset = _run("method=sd", "task.n_examples=3")
     assert compare.main(["--ar", ar["run_id"], superset["run_id"], "--runs-dir", str(runs_dir)]) == 2
     assert "run ar on a superset" in capsys.readouterr().err
+
+
+def test_ignored_keys_are_allowed_to_differ_and_named(runs_dir):
+    ar = _run("method=ar", "task.n_examples=2")
+    other = _run("method=sd_ngram", "task.n_examples=2", "pair.seed=1")
+    rows, _, note = shared_table(RunStore(runs_dir), ar["run_id"], [other["run_id"]], ignore=("pair.seed",))
+    assert len(rows) == 2 and "Differences ignored: pair.seed." in note

@@ -72,20 +72,26 @@ def _row(run: dict[str, Any], ar: dict[str, Any], ids: list[str]) -> list[Any]:
             sum(scores) / len(scores) if scores else math.nan]
 
 
-def shared_table(store: RunStore, ar_id: str, run_ids: list[str]) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
+def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = ()
+                 ) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
     """Rows (:data:`HEADER`) of the ``ar`` run and each run on the example ids it shares with ``ar``.
 
     Returns ``(rows, runs, note)``; a run of another workload (anything but method and subset
-    size differs) is a :class:`ConfigError` naming the differing keys.
+    size differs) is a :class:`ConfigError` naming the differing keys, unless each differing
+    key is under one of ``ignore`` (e.g. ``pair.draft``: a draft model loaded but unused by
+    ``ar`` and by a model-free drafter); the note names the keys ignored.
     """
     ar = _finished(store, ar_id)
     if ar["summary"].get("method") != "ar":
         raise ConfigError(f"{ar_id} is a {ar['summary'].get('method')!r} run; pass an ar run as the baseline")
     ar_ids = [e["id"] for e in ar["examples"]]
     rows, runs = [_row(ar, ar, ar_ids)], [ar]
+    ignored: set[str] = set()
     for run_id in run_ids:
         run = _finished(store, run_id)
         diff = _differences(_workload(ar["config"]), _workload(run["config"]))
+        ignored.update(d for d in diff if any(d == k or d.startswith(k + ".") for k in ignore))
+        diff = [d for d in diff if d not in ignored]
         if diff:
             raise ConfigError(f"{run_id} is not the workload of {ar_id} (differs in {', '.join(diff[:5])}); "
                               f"compare runs of one pair/task/generation/seed")
@@ -98,14 +104,15 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str]) -> tuple[list[
     runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None} for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
             f"it shares with that run (nested id-hash subsets); tokens/s = new tokens / decode seconds summed "
-            f"over those examples.")
+            f"over those examples."
+            + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else ""))
     return rows, runs, note
 
 
 def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, run_ids: list[str],
-                 scale: str = "") -> list[str]:
+                 scale: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
     """Write ``name.md``/``.tex``/``.sources.json`` under ``out``; returns the paths."""
-    rows, runs, note = shared_table(store, ar_id, run_ids)
+    rows, runs, note = shared_table(store, ar_id, run_ids, ignore)
     paths = write_table(out, name, title, HEADER, rows, runs, [], note=note, scale=scale)
     atomic_write_json(out / f"{name}.rows.json", {"header": HEADER, "rows": rows})
     return paths

@@ -135,3 +135,24 @@ def test_ctrl_c_leaves_an_unfinished_run_and_says_where(tmp_path):
     assert err.replace("\r", "\n").splitlines()[-1] == f"interrupted: partial run left at {run_dir}, not marked finished"
     assert not (run_dir / "summary.json").exists()
     assert not (tmp_path / "outputs").exists()  # Hydra writes nothing of its own
+
+
+def test_an_interrupted_run_resumes_after_the_examples_it_finished(runs_dir, monkeypatch):
+    """A crash keeps finished examples: the next attempt at the same run decodes only the rest."""
+    import viasd.harness.runner as runner_mod
+
+    args = ("pair=tiny-llama", "method=sd", "task.n_examples=4", "generation.max_new_tokens=6")
+    s = run(_cfg(*args))
+    d = runs_dir / s["run_id"]
+    lines = (d / "examples.jsonl").read_text().splitlines()
+    (d / "summary.json").unlink()  # as a crash after two examples leaves it (plus half a line)
+    (d / "examples.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])
+    calls = []
+    real = runner_mod.decode
+    monkeypatch.setattr(runner_mod, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = run(_cfg(*args))
+    assert len(calls) == 2 and again["resumed_examples"] == 2 and again["run_id"] == s["run_id"]
+    rows = [json.loads(x) for x in (d / "examples.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [json.loads(x)["id"] for x in lines]
+    assert [r["token_ids"] for r in rows] == [json.loads(x)["token_ids"] for x in lines]
+    assert again["new_tokens"] == s["new_tokens"] and again["n_examples"] == 4

@@ -41,11 +41,11 @@ SUMMARY_KEYS = ("method", "pair", "task", "n_examples", "new_tokens", "wall_s", 
                 "rejection_rate", "target_calls_per_token", "mean_accepted", "speedup_vs_ar", "speedup_at_quality")
 
 
-def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
-    """Corpus-level decoding statistics: sums of counters, ratios of sums."""
+def aggregate(results: list[DecodeResult] | list[dict[str, Any]]) -> dict[str, Any]:
+    """Corpus-level decoding statistics: sums of counters, ratios of sums (results or their summaries)."""
     tot: dict[str, float] = {}
     for r in results:
-        for k, v in r.summary().items():
+        for k, v in (r.summary() if isinstance(r, DecodeResult) else r).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
                     "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call",
                     "target_calls_per_token"):
@@ -59,6 +59,9 @@ def aggregate(results: list[DecodeResult]) -> dict[str, Any]:
     tot["target_calls_per_token"] = tot["target_calls"] / new if new and "target_calls" in tot else math.nan
     return tot
 
+
+# Keys of an example record that are not decoding statistics.
+EXAMPLE_ONLY = ("id", "prompt", "prediction", "raw_output", "reference", "token_ids", "score")
 
 _PAIRS: dict[str, Any] = {}
 
@@ -196,24 +199,36 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     meta = {"inputs": {k: {"path": str(p), "sha256": resolved["inputs"][k]} for k, p in files.items()},
             "data_dir": str(data) if data else None, "threads": torch.get_num_threads(),
             "runtime": pair.extras.get("runtime", {})}
-    run_dir = store.open(run_id, resolved, meta)
+    # Examples an interrupted attempt at this run finished are kept, not decoded again (same run
+    # id = same config and inputs); only the prefix in task order is reused.
+    earlier = store.partial_examples(run_id)
+    reuse = []
+    for ex, rec in zip(examples, earlier):
+        if rec.get("id") != ex.id:
+            break
+        reuse.append(rec)
+    run_dir = store.open(run_id, resolved, meta, resume=reuse)
+    if reuse:
+        print(f"[viasd] {run_id}: resuming after {len(reuse)} examples an interrupted attempt finished")
     mask = slim_mask_used(pair, mcfg, resolved["inputs"])
     if mask is not None:
         run_dir.update_meta(slim_mask=mask)
     labels = labels_for(resolved)
     wb = WandbLogger(cfg.tracking, resolved, run_id, **labels)
-    results: list[DecodeResult] = []
-    predictions: list[str] = []
+    results: list[dict[str, Any]] = [{k: r[k] for k in r if k not in EXAMPLE_ONLY} for r in reuse]
+    predictions: list[str] = [r["prediction"] for r in reuse]
     try:
         if examples:  # one untimed short decode: one-time costs stay out of the timed examples
             warm_up(pair, pair.encode(task.render(examples[0], pair.tokenizer)), method_name, mcfg, gen)
         t0 = time.perf_counter()
         bar = tqdm(examples, desc=f"{labels['job_type']} on {pair.name}/{task.name}", unit="ex", file=sys.stderr)
         for i, ex in enumerate(bar):
+            if i < len(reuse):
+                continue
             text = task.render(ex, pair.tokenizer)
             res = decode(pair, pair.encode(text), method_name, mcfg, gen, seed=int(cfg.seed) + i)
             pred = task.postprocess(res.text)
-            results.append(res)
+            results.append(res.summary())
             predictions.append(pred)
             record = {"id": ex.id, "prompt": text, "prediction": pred, "raw_output": res.text,
                       "reference": ex.reference, "token_ids": res.tokens, **res.summary()}
@@ -231,7 +246,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise
     summary = {"method": labels["job_type"], "method_impl": method_name, "pair": pair.name, "task": task.name,
                "n_examples": len(examples), "run_id": run_id, "seed": int(cfg.seed),
-               "total_s": time.perf_counter() - t0, "lossless": METHODS.get(method_name).lossless,
+               "total_s": time.perf_counter() - t0, "resumed_examples": len(reuse), "lossless": METHODS.get(method_name).lossless,
                **aggregate(results),
                **{f"runtime/{k}": v for k, v in pair.extras.get("runtime", {}).items() if k != "dtype_probe"},
                **{f"metric/{k}": v for k, v in corpus.items()}}

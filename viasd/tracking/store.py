@@ -86,7 +86,10 @@ def git_dirty() -> bool | None:
 class Run:
     """An open run folder: append examples, then :meth:`finish` with the summary."""
 
-    def __init__(self, path: Path, cfg: dict[str, Any], meta: dict[str, Any] | None = None):
+    def __init__(self, path: Path, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
+                 resume: list[dict[str, Any]] | None = None):
+        """Open ``path`` for a run of ``cfg``; ``resume``: example records of an earlier,
+        unfinished attempt at the same run id, kept as the first lines of ``examples.jsonl``."""
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
@@ -98,11 +101,14 @@ class Run:
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "run_id": path.name, "inputs": cfg.get("inputs", {}), **(meta or {}),
+            **({"resumed_examples": len(resume)} if resume else {}),
         }
         atomic_write_json(path / "meta.json", self.meta)
         (path / "summary.json").unlink(missing_ok=True)
         self._examples = open(path / "examples.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self.records: list[dict[str, Any]] = []
+        for record in resume or []:
+            self.log_example(record)
 
     def update_meta(self, **fields: Any) -> None:
         """Add fields to ``meta.json`` (e.g. the slim mask once the pair is loaded)."""
@@ -145,8 +151,9 @@ class RunStore:
     def is_finished(self, run_id: str) -> bool:
         return (self.path(run_id) / "summary.json").is_file()
 
-    def open(self, run_id: str, cfg: dict[str, Any], meta: dict[str, Any] | None = None) -> Run:
-        return Run(self.path(run_id), cfg, meta)
+    def open(self, run_id: str, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
+             resume: list[dict[str, Any]] | None = None) -> Run:
+        return Run(self.path(run_id), cfg, meta, resume)
 
     def finished_runs(self) -> Iterator[dict[str, Any]]:
         """Yield ``{"run_id", "path", "config", "summary"}`` for every finished run."""
@@ -164,6 +171,20 @@ class RunStore:
                     "config": yaml.safe_load((d / "config.yaml").read_text()),
                     "summary": summary,
                 }
+
+    def partial_examples(self, run_id: str) -> list[dict[str, Any]]:
+        """Example records an unfinished (crashed or interrupted) run of ``run_id`` left behind,
+        up to the first incomplete line; [] for a finished or absent run."""
+        p = self.path(run_id) / "examples.jsonl"
+        if self.is_finished(run_id) or not p.is_file():
+            return []
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return out
 
     def examples(self, run_id: str) -> list[dict[str, Any]]:
         p = self.path(run_id) / "examples.jsonl"

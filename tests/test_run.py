@@ -156,3 +156,11 @@ def test_an_interrupted_run_resumes_after_the_examples_it_finished(runs_dir, mon
     assert [r["id"] for r in rows] == [json.loads(x)["id"] for x in lines]
     assert [r["token_ids"] for r in rows] == [json.loads(x)["token_ids"] for x in lines]
     assert again["new_tokens"] == s["new_tokens"] and again["n_examples"] == 4
+
+
+def test_a_single_run_prints_no_grid_callback_warning(runs_dir):
+    out = subprocess.run([sys.executable, "-m", "experiments.run", "pair=tiny-llama", "task.n_examples=1",
+                          "generation.max_new_tokens=2"], capture_output=True, text=True, timeout=300,
+                         cwd=PROJECT_ROOT, env={**os.environ, "VIASD_RUNS_DIR": str(runs_dir)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Callback" not in out.stderr and "hydra.job.num" not in out.stderr, out.stderr[-2000:]

@@ -144,7 +144,10 @@ class GridCallback(Callback):
             print(f"[viasd] command line sets {key}; the exp's values for it are not used")
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        print(f"[viasd] ({config.hydra.job.num + 1}/{self.total or '?'}) {cell_label(config)}")  # ?: another process
+        num = OmegaConf.select(config, "hydra.job.num", default=None, throw_on_missing=False)
+        if num is None:  # a single run, not a cell of a grid
+            return
+        print(f"[viasd] ({num + 1}/{self.total or '?'}) {cell_label(config)}")  # ?: another process
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if job_return.status == JobStatus.FAILED or (

@@ -58,3 +58,12 @@ def test_ignored_keys_are_allowed_to_differ_and_named(runs_dir):
     other = _run("method=sd_ngram", "task.n_examples=2", "pair.seed=1")
     rows, _, note = shared_table(RunStore(runs_dir), ar["run_id"], [other["run_id"]], ignore=("pair.seed",))
     assert len(rows) == 2 and "Differences ignored: pair.seed." in note
+
+
+def test_a_methods_own_input_file_is_not_part_of_the_workload():
+    from viasd.tracking.baseline import workload_key
+
+    ar = {"pair": {"name": "p"}, "method": {"name": "ar"}, "inputs": {"task.path": "a"}}
+    via = {"pair": {"name": "p"}, "method": {"name": "via_sd"}, "inputs": {"task.path": "a", "method.slim.mask": "m"}}
+    assert workload_key(ar) == workload_key(via)
+    assert workload_key(ar) != workload_key({**via, "inputs": {"task.path": "b"}})

@@ -15,18 +15,19 @@ Every row names its run id and the table names the ``ar`` run it divides by.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 from viasd.errors import ConfigError
 from viasd.report.common import write_table
-from viasd.tracking.baseline import NON_WORKLOAD_KEYS, PRIMARY
+from viasd.tracking.baseline import PRIMARY, workload_key
 from viasd.tracking.store import RunStore
 from viasd.utils.fs import atomic_write_json
 
 HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup vs ar (same examples)",
-          "rejection rate", "examples == ar tokens", "quality (same examples)"]
+          "rejection rate", "examples == ar tokens", "quality (same examples)", "ar quality (same examples)"]
 
 
 def _finished(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -37,7 +38,8 @@ def _finished(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 def _workload(config: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in config.items() if k not in NON_WORKLOAD_KEYS}
+    """The workload part of a run config (:func:`~viasd.tracking.baseline.workload_key`) without the subset size."""
+    out = json.loads(workload_key(config))
     out["task"] = {k: v for k, v in (out.get("task") or {}).items() if k != "n_examples"}
     return out
 
@@ -67,9 +69,10 @@ def _row(run: dict[str, Any], ar: dict[str, Any], ids: list[str]) -> list[Any]:
     same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
     task = run["summary"].get("task", "")
     scores = [_score(by_id[i], task) for i in ids]
+    ar_scores = [_score(ar_by_id[i], task) for i in ids]
     return [run["summary"].get("method"), run["run_id"], len(ids), tokens, rate, rate / ar_rate,
             rejected / drafted if drafted else math.nan, f"{same}/{len(ids)}",
-            sum(scores) / len(scores) if scores else math.nan]
+            sum(scores) / len(scores) if scores else math.nan, sum(ar_scores) / len(ar_scores) if ar_scores else math.nan]
 
 
 def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = ()

@@ -44,6 +44,8 @@ def quality(summary: dict[str, Any]) -> tuple[str, float]:
 def workload_key(identity: dict[str, Any]) -> str:
     """Canonical JSON of the workload part of a resolved identity config (see module doc)."""
     ident = {k: v for k, v in identity.items() if k not in NON_WORKLOAD_KEYS}
+    if isinstance(ident.get("inputs"), dict):  # a method's own files (a slim mask) are not the workload
+        ident["inputs"] = {k: v for k, v in ident["inputs"].items() if not k.startswith("method.")}
     return json.dumps(ident, sort_keys=True, default=str)
 
 

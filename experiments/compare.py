@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from viasd.errors import ConfigError
 from viasd.paths import runs_dir
 from viasd.report.shared import HEADER, shared_table, write_shared
@@ -41,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("| " + " | ".join(HEADER) + " |")
-    for r in rows:
-        print("| " + " | ".join(f"{c:.3f}" if isinstance(c, float) else str(c) for c in r) + " |")
+    print(pd.DataFrame(rows, columns=HEADER).to_markdown(index=False, floatfmt=".3f"))
     print(note)
     return 0
 

@@ -1,4 +1,4 @@
-"""``python -m experiments.report [--scale local|paper|smoke] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar]``
+"""``python -m experiments.report [--scale local|paper|smoke|cpu-large] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar]``
 
 Rebuilds every table (Markdown + LaTeX) and figure (PNG + PDF) from the local run store
 (``VIASD_RUNS_DIR``, default ``./runs``) into ``<out>/<scale>/`` (default
@@ -21,7 +21,7 @@ from viasd.errors import ConfigError
 from viasd.harness.grid import CONF_DIR
 from viasd.harness.runner import run
 from viasd.paths import runs_dir
-from viasd.report.build import REPORTS, build_all, collect
+from viasd.report.build import REPORTS, build_all, collect, scales
 from viasd.tracking.store import RunStore
 
 
@@ -37,7 +37,7 @@ def run_missing_ar(names: list[str], scale: str, store: RunStore, overrides: lis
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", default="local", choices=["local", "paper", "smoke"])
+    ap.add_argument("--scale", default="local", choices=scales())
     ap.add_argument("--only", nargs="*", default=None, help="report names (default: all)")
     ap.add_argument("--out", default="paper_figures", help="root folder; outputs go to <out>/<scale>/")
     ap.add_argument("--runs", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")

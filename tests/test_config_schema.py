@@ -2,7 +2,9 @@
 
 A run's id hashes its resolved config (:func:`viasd.harness.runner.identity`), and finished runs
 are found again by it, so the ids below were recorded before the method/drafter/generation
-schemas existed and must not change. The ``inputs`` node (input-file hashes) is left empty here:
+schemas existed and must not change — except once, on purpose: a pair's shipped DIMR masks
+(``pair.options.slim_layers``) left the pair's identity for the ``inputs`` of the methods that read
+one (docs/migration.md), which gave the SmolLM2 runs new ids. The ``inputs`` node (input-file hashes) is left empty here:
 it does not depend on the config schemas, and the test must not depend on the data folder.
 """
 
@@ -12,7 +14,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from viasd.config import GenerationConfig, to_dataclass
 from viasd.engine.drafters import DrafterConfig
@@ -25,26 +27,26 @@ from viasd.tracking.store import run_id_for
 
 CONF = PROJECT_ROOT / "conf"
 
-#: ``overrides`` -> run id, recorded on the commit before the schemas.
+#: ``overrides`` -> run id, recorded on the commit before the schemas (SmolLM2: after the mask move).
 EXPECTED = {
-    'pair=smollm2 task=prompts method=ar': 'smollm2__ar__prompts__61f403bb35',
-    'pair=smollm2 task=prompts method=sd': 'smollm2__sd__prompts__66f65726b4',
-    'pair=smollm2 task=prompts method=sd_ngram': 'smollm2__sd_ngram__prompts__e3c5b2aa6d',
-    'pair=smollm2 task=prompts method=sd_hybrid': 'smollm2__sd_hybrid__prompts__58806cdbc9',
-    'pair=smollm2 task=prompts method=cascade_sd': 'smollm2__cascade_sd__prompts__7a25a85cd2',
-    'pair=smollm2 task=prompts method=faster_cascades': 'smollm2__faster_cascades__prompts__c673ec1d81',
-    'pair=smollm2 task=prompts method=via_sd': 'smollm2__via_sd__prompts__11b5bc693d',
-    'pair=smollm2 task=prompts method=viasd': 'smollm2__via_sd__prompts__11b5bc693d',
-    'pair=smollm2 task=prompts method=hf_assisted': 'smollm2__hf_assisted__prompts__b5634bc6f2',
-    'pair=smollm2 task=humaneval method=ar': 'smollm2__ar__humaneval__883b4c0fb0',
-    'pair=smollm2 task=humaneval method=sd': 'smollm2__sd__humaneval__c8ece7181c',
-    'pair=smollm2 task=humaneval method=sd_ngram': 'smollm2__sd_ngram__humaneval__b5ba20f398',
-    'pair=smollm2 task=humaneval method=sd_hybrid': 'smollm2__sd_hybrid__humaneval__57e8cffb67',
-    'pair=smollm2 task=humaneval method=cascade_sd': 'smollm2__cascade_sd__humaneval__ffcee0c0ad',
-    'pair=smollm2 task=humaneval method=faster_cascades': 'smollm2__faster_cascades__humaneval__754007035b',
-    'pair=smollm2 task=humaneval method=via_sd': 'smollm2__via_sd__humaneval__efd379a4b8',
-    'pair=smollm2 task=humaneval method=viasd': 'smollm2__via_sd__humaneval__efd379a4b8',
-    'pair=smollm2 task=humaneval method=hf_assisted': 'smollm2__hf_assisted__humaneval__b78ef93eba',
+    'pair=smollm2 task=prompts method=ar': 'smollm2__ar__prompts__3e358a48d6',
+    'pair=smollm2 task=prompts method=sd': 'smollm2__sd__prompts__fa0a0e4270',
+    'pair=smollm2 task=prompts method=sd_ngram': 'smollm2__sd_ngram__prompts__c204bfdcd9',
+    'pair=smollm2 task=prompts method=sd_hybrid': 'smollm2__sd_hybrid__prompts__08c6fcbfdc',
+    'pair=smollm2 task=prompts method=cascade_sd': 'smollm2__cascade_sd__prompts__54901d7d8f',
+    'pair=smollm2 task=prompts method=faster_cascades': 'smollm2__faster_cascades__prompts__de2626a87f',
+    'pair=smollm2 task=prompts method=via_sd': 'smollm2__via_sd__prompts__54e076e409',
+    'pair=smollm2 task=prompts method=viasd': 'smollm2__via_sd__prompts__54e076e409',
+    'pair=smollm2 task=prompts method=hf_assisted': 'smollm2__hf_assisted__prompts__8620962b53',
+    'pair=smollm2 task=humaneval method=ar': 'smollm2__ar__humaneval__3c3d36f9ab',
+    'pair=smollm2 task=humaneval method=sd': 'smollm2__sd__humaneval__dcfcecac3d',
+    'pair=smollm2 task=humaneval method=sd_ngram': 'smollm2__sd_ngram__humaneval__a6fa6b7384',
+    'pair=smollm2 task=humaneval method=sd_hybrid': 'smollm2__sd_hybrid__humaneval__e2833321c9',
+    'pair=smollm2 task=humaneval method=cascade_sd': 'smollm2__cascade_sd__humaneval__52c061de9b',
+    'pair=smollm2 task=humaneval method=faster_cascades': 'smollm2__faster_cascades__humaneval__28334177c9',
+    'pair=smollm2 task=humaneval method=via_sd': 'smollm2__via_sd__humaneval__afe627ee65',
+    'pair=smollm2 task=humaneval method=viasd': 'smollm2__via_sd__humaneval__afe627ee65',
+    'pair=smollm2 task=humaneval method=hf_assisted': 'smollm2__hf_assisted__humaneval__b0ec4320ad',
     'pair=tiny-llama task=prompts method=ar': 'tiny-llama__ar__prompts__376bac6524',
     'pair=tiny-llama task=prompts method=sd': 'tiny-llama__sd__prompts__1f8fd63e4d',
     'pair=tiny-llama task=prompts method=sd_ngram': 'tiny-llama__sd_ngram__prompts__edde4e2ea5',
@@ -63,30 +65,30 @@ EXPECTED = {
     'pair=tiny-llama task=humaneval method=via_sd': 'tiny-llama__via_sd__humaneval__b3747872e8',
     'pair=tiny-llama task=humaneval method=viasd': 'tiny-llama__via_sd__humaneval__b3747872e8',
     'pair=tiny-llama task=humaneval method=hf_assisted': 'tiny-llama__hf_assisted__humaneval__51b6cb3a86',
-    '': 'smollm2__sd_ngram__prompts__e3c5b2aa6d',
+    '': 'smollm2__sd_ngram__prompts__c204bfdcd9',
     'pair=tiny-llama': 'tiny-llama__sd_ngram__prompts__edde4e2ea5',
-    'method=sd method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd__xsum__2e37078087',
-    'method=via_sd method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__20b9f6de29',
-    'method=faster_cascades method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__4c0161c10d',
-    'method=sd method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_ngram__xsum__72bffc7c4c',
-    'method=via_sd method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__7f293de3c7',
-    'method=faster_cascades method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__bd10e11119',
-    'method=sd method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_hybrid__xsum__3035303822',
-    'method=via_sd method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__c8a637c20b',
-    'method=faster_cascades method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__7ca78047fd',
-    'method=sd method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_self__xsum__ab7d5619ff',
-    'method=via_sd method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__b8ce17a246',
-    'method=faster_cascades method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__35c1192dad',
-    'method=sd_ngram method.drafter.name=hybrid': 'smollm2__sd_hybrid__prompts__da457d28c1',
-    'method=sd_ngram method.drafter.ngram_max=4': 'smollm2__sd_ngram__prompts__f36f9f5777',
+    'method=sd method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd__xsum__2e6f1ce1fb',
+    'method=via_sd method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__2f736a56ac',
+    'method=faster_cascades method.drafter.name=model pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__6cf0974847',
+    'method=sd method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_ngram__xsum__6a4e15329e',
+    'method=via_sd method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__fcdfd88691',
+    'method=faster_cascades method.drafter.name=ngram pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__463f105e07',
+    'method=sd method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_hybrid__xsum__9802b01808',
+    'method=via_sd method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__86e499f1fe',
+    'method=faster_cascades method.drafter.name=hybrid pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__f8f1a164f2',
+    'method=sd method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__sd_self__xsum__02758c0196',
+    'method=via_sd method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__via_sd__xsum__58dbbfed42',
+    'method=faster_cascades method.drafter.name=self pair=smollm2 pair.options.draft=trained task=xsum task.n_examples=6 generation.max_new_tokens=48': 'smollm2__faster_cascades__xsum__e199216b7c',
+    'method=sd_ngram method.drafter.name=hybrid': 'smollm2__sd_hybrid__prompts__a1b0f0b915',
+    'method=sd_ngram method.drafter.ngram_max=4': 'smollm2__sd_ngram__prompts__18fc537a2b',
     'method=sd method.gamma=1 pair=tiny-llama task.n_examples=2 generation.max_new_tokens=8': 'tiny-llama__sd__prompts__b3690afd5a',
-    'method=via_sd method.tau_accept=1.1 method.tau_slim=0.3 method.tau_escalate=0.5 method.slim.mask=every_other': 'smollm2__via_sd__prompts__bfeeb9697d',
-    'method=via_sd method.slim.mask=[0,1,2] method.slim.keep_ratio=0.5': 'smollm2__via_sd__prompts__02e7eaf12a',
-    'method=viasd method.drafter.name=ngram method.tau_accept=0.9 task=xsum': 'smollm2__via_sd__xsum__942fb3578d',
-    'method=faster_cascades method.rule=chow method.alpha=0.1': 'smollm2__faster_cascades__prompts__4eab8d9d8f',
-    'method=cascade_sd method.gamma=6': 'smollm2__cascade_sd__prompts__d6ab00e0e0',
-    'method=sd method.drafter.length_policy=confidence method.drafter.min_confidence=0.3': 'smollm2__sd__prompts__41853a9095',
-    'method=sd generation.temperature=0.7 generation.top_p=0.9 seed=3': 'smollm2__sd__prompts__93fb45ccc8',
+    'method=via_sd method.tau_accept=1.1 method.tau_slim=0.3 method.tau_escalate=0.5 method.slim.mask=every_other': 'smollm2__via_sd__prompts__d738feb4f7',
+    'method=via_sd method.slim.mask=[0,1,2] method.slim.keep_ratio=0.5': 'smollm2__via_sd__prompts__0ea54da708',
+    'method=viasd method.drafter.name=ngram method.tau_accept=0.9 task=xsum': 'smollm2__via_sd__xsum__bd56f75d15',
+    'method=faster_cascades method.rule=chow method.alpha=0.1': 'smollm2__faster_cascades__prompts__44ec17f62f',
+    'method=cascade_sd method.gamma=6': 'smollm2__cascade_sd__prompts__dbf9b37fc3',
+    'method=sd method.drafter.length_policy=confidence method.drafter.min_confidence=0.3': 'smollm2__sd__prompts__4cb9ebd2c8',
+    'method=sd generation.temperature=0.7 generation.top_p=0.9 seed=3': 'smollm2__sd__prompts__5299c6ceb9',
 }
 
 
@@ -161,3 +163,21 @@ def test_to_dataclass_errors_are_one_line(node, match):
     with pytest.raises(ConfigError, match=match) as e:
         to_dataclass(SDConfig, node, where="method")
     assert "\n" not in str(e.value)
+
+
+def test_a_shipped_mask_names_only_the_runs_that_read_it(run_ids):
+    """Shipping one more mask in a pair config keeps every run id, except those of runs that read it."""
+
+    def with_new_mask(*overrides: str) -> str:
+        cfg = _compose(*overrides)
+        with open_dict(cfg):
+            cfg.pair.options.slim_layers["0.40"] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 29]
+        return run_id_for(runner.identity(cfg))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "input_files", lambda cfg: {})
+        for base in ("pair=smollm2 task=prompts method=ar", "pair=smollm2 task=prompts method=sd"):
+            assert with_new_mask(*base.split()) == run_ids[base]
+        via = ("pair=smollm2", "task=prompts", "method=via_sd")
+        assert with_new_mask(*via) == run_id(*via)  # reads the keep-0.8 mask, not the new one
+        assert with_new_mask(*via, "method.slim.keep_ratio=0.4") != run_id(*via, "method.slim.keep_ratio=0.4")

@@ -131,6 +131,9 @@ def test_command_line_value_of_a_swept_key_wins(tmp_path, synthetic_data_dir):
     done = list(RunStore(runs).finished_runs())
     assert sorted(d["summary"]["method"] for d in done) == ["ar", "sd"]
     assert all(OmegaConf.create(d["config"]).generation.max_new_tokens == 3 for d in done)
+    plan = run_app("+exp=table3", "scale=smoke", "method=ar,sd", "generation.max_new_tokens=3", "dry_run=true",
+                   runs=runs, data=synthetic_data_dir)
+    assert "0 to run, 2 finished" in plan.stdout, plan.stdout[-2000:]  # dry_run=true is not part of a run's id
 
 
 def test_wandb_online_without_credentials_degrades_with_one_warning(runs_dir, tmp_path, monkeypatch):

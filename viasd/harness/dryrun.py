@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from viasd.errors import ConfigError
 from viasd.models.gguf_index import converted_dir, index_model
@@ -273,7 +273,10 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
     plan.need_gib = sum(m["gib"] for m in plan.models) * OVERHEAD
     store = RunStore(cfg.tracking.store_dir)
-    plan.finished = store.is_finished(run_id_for(identity(cfg, entry)))
+    as_run = cfg.copy()
+    with open_dict(as_run):
+        as_run.dry_run = False  # the value the cell's run will have in its identity
+    plan.finished = store.is_finished(run_id_for(identity(as_run, entry)))
     _check_access(plan)
     _check_memory(plan, pair)
     return plan

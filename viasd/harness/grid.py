@@ -107,6 +107,12 @@ def check_prerequisites(cells: list[DictConfig]) -> None:
 
 
 def cell_label(cfg: DictConfig) -> str:
+    """``pair/method/task`` of a cell; search and KL cells name their entry and calibration sources."""
+    entry = OmegaConf.select(cfg, "exp.entry", default="run")
+    if entry in ("search", "kl"):
+        what = "dimr_search" if entry == "search" else "kl_geometry"
+        calib = OmegaConf.select(cfg, "search.calibration", default=[]) or []
+        return f"{cfg.pair.name}/{what}/{'+'.join(map(str, calib))}"
     return f"{cfg.pair.name}/{OmegaConf.select(cfg, 'method.name')}/{OmegaConf.select(cfg, 'task.name')}"
 
 

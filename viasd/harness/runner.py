@@ -115,17 +115,39 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     return {k: p for k, p in files.items() if p.is_file()}
 
 
+def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str]:
+    """``{"method.slim.mask": sha256}`` of the pair-shipped layer list a ``method.slim.mask: auto``
+    resolves to when no mask artifact is cached (empty otherwise): the hash
+    :func:`slim_mask_used` records, so a run's id follows the mask it reads, and runs that never
+    read one keep their id when a pair config ships a new mask."""
+    slim = OmegaConf.select(cfg, "method.slim", default=None)
+    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto":
+        return {}
+    shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
+    layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
+    if layers is None:
+        return {}
+    layers = [int(i) for i in layers]
+    return {"method.slim.mask": hashlib.sha256(json.dumps(layers).encode()).hexdigest()}
+
+
 def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
     """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl).
 
-    Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files`, so an
-    edited prompt/data/mask file gives a new run id; leaves out the keys the config schemas add
+    Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files` and of a
+    pair-shipped slim mask (:func:`shipped_mask_input`), so an edited prompt/data/mask gives a new
+    run id (KL runs: the mask only); ``pair.options.slim_layers`` itself is left out; leaves out the keys the config schemas add
     at their unset value (:func:`~viasd.harness.config.drop_unset`), so older run ids stay valid.
     """
     resolved = drop_unset(OmegaConf.to_container(cfg, resolve=True))
     entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
-    if entry == "run":
-        resolved["inputs"] = {k: _sha(p) for k, p in input_files(cfg).items()}
+    options = (resolved.get("pair") or {}).get("options")
+    if isinstance(options, dict):  # shipped masks are inputs of the methods that read them, not the pair's
+        options.pop("slim_layers", None)
+    if entry in ("run", "kl"):
+        inputs = {k: _sha(p) for k, p in input_files(cfg).items()}
+        inputs.update(shipped_mask_input(cfg, inputs))
+        resolved["inputs"] = inputs if entry == "run" else {k: v for k, v in inputs.items() if k.startswith("method.")}
     if entry == "search":
         resolved["method"] = {"name": "dimr_search"}
         resolved["task"] = {"name": "calibration"}

@@ -16,10 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from viasd.harness.grid import CONF_DIR
 from viasd.report import figures, tables  # noqa: F401  (each registers its reports in REPORTS)
 from viasd.report.common import REPORTS, collect, mean_ci  # noqa: F401  (re-exported)
 from viasd.tracking.baseline import PRIMARY, quality, tier_shares  # noqa: F401  (re-exported)
 from viasd.tracking.store import RunStore
+
+
+def scales() -> list[str]:
+    """The scales an exp can be run and reported at (``conf/scale/<scale>.yaml``)."""
+    return sorted(p.stem for p in (CONF_DIR / "scale").glob("*.yaml"))
 
 
 def build_all(out: Path, store: RunStore, scale: str = "local", names: list[str] | None = None,
@@ -28,6 +34,9 @@ def build_all(out: Path, store: RunStore, scale: str = "local", names: list[str]
     result: dict[str, Any] = {}
     dest = Path(out) / scale
     for name in names or REPORTS.names():
+        if not (CONF_DIR / "scale" / name / f"{scale}.yaml").is_file():
+            result[name] = f"skipped: {name} has no {scale} scale (conf/scale/{name}/{scale}.yaml)"
+            continue
         runs, missing = collect(name, scale, store, overrides)
         if not runs:
             result[name] = f"skipped: no finished runs ({len(missing)} cells missing; run +exp={name} scale={scale})"

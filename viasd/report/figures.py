@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from viasd.report.common import REPORTS, Stat, _label, repeat_groups, save_figure, stat
+from viasd.report.common import REPORTS, Stat, _label, repeat_groups, save_figure, stat, write_table
 from viasd.tracking.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
 from viasd.tracking.store import RunStore
 
@@ -52,7 +52,16 @@ def fig_kl(runs, missing, out, store, scale):
     ax.set_ylabel("nats / token")
     _legend_outside(ax)
     ax.set_title(f"KL geometry of the routed slim verifier ({scale})")
-    return save_figure(fig, out, "fig_kl", runs, missing, scale)
+    paths = save_figure(fig, out, "fig_kl", runs, missing, scale)
+    keys = ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "pythagorean_gap", "tv_p_q", "tv_slim_q")
+    rows = [[r["summary"].get("pair"), r["summary"]["task"], r["summary"].get("keep_ratio"), r["summary"].get("n_tokens")]
+            + [r["summary"].get(k) for k in keys] for r in runs]
+    header = ["pair", "task", "keep", "tokens", "KL(p‖q)", "KL(p‖q')", "KL(q'‖q)", "KL(q‖q')",
+              "gap KL(p‖q)−KL(p‖q')−KL(q'‖q)", "TV(p,q)", "TV(q',q)"]
+    note = ("p: draft, q': the target's routed slim verifier, q: target (teacher-forced on each task's text). "
+            "The paper's geometry needs gap ≥ 0; KL(q'‖q) < KL(p‖q) means the slim verifier is nearer the "
+            "target than the draft is.")
+    return paths + write_table(out, "fig_kl", "KL geometry per task", header, rows, runs, missing, note, scale)
 
 
 @REPORTS.register("fig_tiers")

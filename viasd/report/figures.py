@@ -116,7 +116,22 @@ def fig_thresholds(runs, missing, out, store, scale):
     ax.set_ylabel(quality(runs[0]["summary"])[0] if runs else "quality")
     ax.set_title(f"Speed–quality frontier over τ_accept × τ_slim ({scale})")
     _legend_outside(ax)
-    return save_figure(fig, out, "fig_thresholds", runs, missing, scale)
+    paths = save_figure(fig, out, "fig_thresholds", runs, missing, scale)
+    rows = []
+    for g in repeat_groups(runs):
+        cfg, shares = g[0]["config"], [tier_shares(r["summary"]) for r in g]
+        ar = g[0]["ar"]
+        rows.append([g[0]["summary"].get("pair"), g[0]["summary"].get("task"),
+                     *(OmegaConf.select(cfg, f"method.{k}") for k in ("tau_accept", "tau_slim", "tau_escalate")),
+                     stat([r["summary"].get("tokens_per_s") for r in g]), stat([r["speedup"] for r in g]),
+                     stat([quality(r["summary"])[1] for r in g]), quality(ar["summary"])[1] if ar else None,
+                     stat([r["summary"].get("target_calls_per_token") for r in g]),
+                     *(stat([s[t] for s in shares]) for t in ("tier1", "tier2", "tier3"))])
+    metric = quality(runs[0]["summary"])[0] if runs else "quality"
+    header = ["pair", "task", "τ_accept", "τ_slim", "τ_escalate", "tokens/s", "speedup vs ar", metric,
+              f"ar {metric}", "target calls / token", "tier 1", "tier 2", "tier 3"]
+    note = "τ > 1 switches a gate off; τ_accept = τ_slim > 1 is the lossless end (sd with the same drafter)."
+    return paths + write_table(out, "fig_thresholds", "VIA-SD τ frontier", header, rows, runs, missing, note, scale)
 
 
 @REPORTS.register("fig_gamma")

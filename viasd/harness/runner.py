@@ -136,7 +136,8 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
 
     Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files` and of a
     pair-shipped slim mask (:func:`shipped_mask_input`), so an edited prompt/data/mask gives a new
-    run id (KL runs: the mask only); ``pair.options.slim_layers`` itself is left out; leaves out the keys the config schemas add
+    run id (KL runs: the mask only); ``pair.options.slim_layers`` itself is left out; leaves out
+    the keys the config schemas add
     at their unset value (:func:`~viasd.harness.config.drop_unset`), so older run ids stay valid.
     """
     resolved = drop_unset(OmegaConf.to_container(cfg, resolve=True))

@@ -115,6 +115,11 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     return {k: p for k, p in files.items() if p.is_file()}
 
 
+def layers_sha256(layers: list[int] | None) -> str:
+    """The hash a slim mask given as a layer list (not a file) is recorded under."""
+    return hashlib.sha256(json.dumps(layers).encode()).hexdigest()
+
+
 def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str]:
     """``{"method.slim.mask": sha256}`` of the pair-shipped layer list a ``method.slim.mask: auto``
     resolves to when no mask artifact is cached (empty otherwise): the hash
@@ -127,8 +132,7 @@ def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str
     layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
     if layers is None:
         return {}
-    layers = [int(i) for i in layers]
-    return {"method.slim.mask": hashlib.sha256(json.dumps(layers).encode()).hexdigest()}
+    return {"method.slim.mask": layers_sha256([int(i) for i in layers])}
 
 
 def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
@@ -178,7 +182,7 @@ def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | 
     layers = list(plan.layers) if plan is not None else None
     sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
     return {"layers": layers, "source": desc,
-            "sha256": sha or hashlib.sha256(json.dumps(layers).encode()).hexdigest()}
+            "sha256": sha or layers_sha256(layers)}
 
 
 def matched_speedups(summary: dict[str, Any], resolved: dict[str, Any], store: RunStore,

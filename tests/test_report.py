@@ -84,3 +84,12 @@ def test_mean_ci_is_student_t():
     m, ci = mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and ci == pytest.approx(4.303 * 1.0 / 3 ** 0.5, rel=1e-3)
     assert mean_ci([5.0]) == (5.0, 0.0)
+
+
+def test_report_scales_come_from_conf_and_missing_scale_files_are_named(tmp_path):
+    from viasd.report.build import scales
+    from viasd.tracking.store import RunStore
+
+    assert {"smoke", "local", "paper", "cpu-large"} <= set(scales())
+    res = build_all(tmp_path / "pf", RunStore(tmp_path / "runs"), "cpu-large", ["table3"])
+    assert res["table3"] == "skipped: table3 has no cpu-large scale (conf/scale/table3/cpu-large.yaml)"

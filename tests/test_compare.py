@@ -67,3 +67,7 @@ def test_a_methods_own_input_file_is_not_part_of_the_workload():
     via = {"pair": {"name": "p"}, "method": {"name": "via_sd"}, "inputs": {"task.path": "a", "method.slim.mask": "m"}}
     assert workload_key(ar) == workload_key(via)
     assert workload_key(ar) != workload_key({**via, "inputs": {"task.path": "b"}})
+    # The independent intermediate verifier (table4's `independent` row) is the method's model, not the workload's.
+    with_mid = {**via, "pair": {"name": "p", "intermediate": {"id": "qwen2.5-coder-0.5b-instruct"}}}
+    assert workload_key(ar) == workload_key(with_mid)
+    assert workload_key(ar) != workload_key({**with_mid, "pair": {"name": "q"}})

@@ -12,9 +12,12 @@ from omegaconf import OmegaConf
 import viasd.harness.dryrun as dr
 from viasd.errors import ConfigError
 from viasd.harness.grid import compose_cells, exp_names
+from viasd.harness.runner import identity
 from viasd.paths import PROJECT_ROOT
+from viasd.tracking.store import run_id_for
 
 SCALES = ("smoke", "local", "paper")
+CPU_LARGE = sorted(p.parent.name for p in (PROJECT_ROOT / "conf" / "scale").glob("*/cpu-large.yaml"))
 
 
 @pytest.fixture(autouse=True)
@@ -106,3 +109,20 @@ def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch,
     params = {m["role"]: m["params"] for m in plan.models}
     assert params == {"draft": 630_167_424, "target": 1_777_088_000}
     assert 10 < sum(m["gib"] for m in plan.models) * 1.2 < 11.5
+
+
+@pytest.mark.parametrize("exp", CPU_LARGE)
+def test_every_cpu_large_grid_plans_on_the_qwen_pair(exp, monkeypatch, capsys):
+    """Each cpu-large grid composes on the Qwen-Coder pair, names distinct runs, and every cell fits
+    beside a second one in 24 GiB: table4's independent verifier is the 0.5B draft, counted once."""
+    monkeypatch.setattr(dr, "_built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
+    cells = compose_cells([f"+exp={exp}", "scale=cpu-large", "dry_run=true"])
+    plans = dr.dry_run(cells, exp)
+    assert {c.pair.name for c in cells} == {"qwen2.5-coder-0.5b-1.5b"}
+    assert len({run_id_for(identity(c)) for c in cells}) == len(cells)
+    assert 0 < max(p.need_gib for p in plans) < 11.5
+    for p in plans:
+        shared = [m for m in p.models if m["role"] == "intermediate"]
+        assert all(m["gib"] == 0 and "draft" in m["id"] for m in shared)
+    if exp == "table4":
+        assert all(any(m["role"] == "intermediate" for m in p.models) for p in plans)

@@ -153,3 +153,19 @@ def test_same_tokenizer_different_head_rows_is_widened(tmp_path):
                       "draft": {"id": str(tmp_path / "d")}})
     gen = {"max_new_tokens": 10, "ignore_eos": True}
     assert decode(pair, PROMPTS[0], "sd", {"gamma": 3}, gen=gen).tokens == decode(pair, PROMPTS[0], "ar", gen=gen).tokens
+
+
+def test_an_intermediate_that_is_the_draft_is_loaded_once(saved):
+    """The slim-verifier ablation's independent verifier may be the pair's own draft (a model-free
+    drafter proposes): one module, not a second copy in memory; the dry run counts it once."""
+    draft = {"id": str(saved / "llama" / "draft")}
+    pair = load_pair({"name": "hf", "loader": "hf", "target": {"id": str(saved / "llama" / "target")},
+                      "draft": draft, "intermediate": dict(draft)})
+    assert pair.intermediate is pair.draft
+    gen = {"max_new_tokens": 8, "ignore_eos": True}
+    out = decode(pair, PROMPTS[0], "via_sd", {"drafter": {"name": "ngram"}, "slim": {"mask": "independent"},
+                                              "tau_accept": 1.1, "tau_slim": 1.1}, gen=gen)
+    assert out.tokens == decode(pair, PROMPTS[0], "ar", gen=gen).tokens
+    other = load_pair({"name": "hf", "loader": "hf", "target": {"id": str(saved / "llama" / "target")},
+                       "draft": draft, "intermediate": {**draft, "dtype": "bfloat16"}})
+    assert other.intermediate is not other.draft

@@ -140,6 +140,12 @@ def _model_params(model_id: str, pair_name: str, trust_remote_code: bool) -> int
     )
 
 
+def _shares_draft(pair: dict[str, Any]) -> bool:
+    from viasd.models.pairs import intermediate_is_draft, pair_config
+
+    return intermediate_is_draft(pair_config(pair))
+
+
 def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
     name, loader = pair["name"], pair.get("loader", "tiny")
     device = pair.get("device_map") and f"device_map={pair['device_map']}" or pair.get("device", "cpu")
@@ -148,6 +154,10 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
         for role in ("draft", "target", "intermediate"):
             spec = pair.get(role) or {}
             if not spec.get("id"):
+                continue
+            if role == "intermediate" and _shares_draft(pair):
+                rows.append({"role": role, "id": "the draft (one module, loaded once)", "revision": "-", "dtype": dtype,
+                             "device": device, "params": 0, "gib": 0.0, "gated": False})
                 continue
             d = spec.get("dtype") or dtype
             if d not in BYTES:
@@ -168,6 +178,10 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
         for role in ("draft", "target", "intermediate"):
             spec = pair.get(role) or {}
             if not spec.get("id"):
+                continue
+            if role == "intermediate" and _shares_draft(pair):
+                rows.append({"role": role, "id": "the draft (one module, loaded once)", "revision": "-", "dtype": dtype,
+                             "device": device, "params": 0, "gib": 0.0, "gated": False})
                 continue
             model = index_model(spec["id"])
             n = KNOWN_PARAMS.get(f"{model.hub_id} (GGUF)")

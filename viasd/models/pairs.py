@@ -169,8 +169,9 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
     dtype = resolve_dtype(cfg.dtype)
     pair = PAIR_LOADERS.get(cfg.loader)(cfg)
     check_vocab(pair)
-    for m in (pair.target, pair.draft, pair.intermediate):
-        if m is not None and cfg.device_map is None:
+    unique = {id(m): m for m in (pair.target, pair.draft, pair.intermediate) if m is not None}
+    for m in unique.values():  # an intermediate that is the draft is one module: packed once
+        if cfg.device_map is None:
             m.to(device=cfg.device, dtype=dtype)
             m.eval()
             apply_backend(m, backend)
@@ -185,6 +186,15 @@ def _load_tiny(cfg: PairConfig) -> ModelPair:
     opts = dict(cfg.options)
     draft, target, tok = build_tiny_pair(cfg.family, seed=cfg.seed, **opts)
     return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok)
+
+
+def intermediate_is_draft(cfg: PairConfig) -> bool:
+    """Whether ``pair.intermediate`` names the same model as ``pair.draft`` (id, revision, dtype, file):
+    loaders then load it once and share the module (the slim-verifier ablation's independent
+    verifier may be the pair's own draft when a model-free drafter proposes)."""
+    d, i = cfg.draft, cfg.intermediate
+    return bool(d is not None and i is not None and d.id and i.id
+                and (d.id, d.revision, d.dtype, d.gguf_file) == (i.id, i.revision, i.dtype, i.gguf_file))
 
 
 def _check_source(spec: ModelSpec, role: str) -> None:
@@ -284,6 +294,8 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
     if "target" not in specs:
         raise ConfigError(f"pair {cfg.name!r}: set pair.target.id to a hub id or model folder "
                           "(or pair.target.gguf=FILE.gguf)")
+    if intermediate_is_draft(cfg):
+        del specs["intermediate"]
     for role, spec in specs.items():
         _check_source(spec, role)
     models, toks = {}, {}
@@ -303,8 +315,9 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
     name = cfg.name
     if name == "hf":  # one run-store / mask-cache name per target checkpoint
         name = "hf-" + Path(models["target"].config._name_or_path.rstrip("/")).name
+    intermediate = models.get("draft") if intermediate_is_draft(cfg) else models.get("intermediate")
     return ModelPair(name=name, target=models["target"], draft=models.get("draft"), tokenizer=toks["target"],
-                     intermediate=models.get("intermediate"))
+                     intermediate=intermediate)
 
 
 def local_path(p: str | Path) -> Path:
@@ -326,7 +339,9 @@ def _load_gguf_index(cfg: PairConfig) -> ModelPair:
     for role in ("draft", "intermediate"):
         spec = getattr(cfg, role)
         models[role] = None
-        if spec is not None and spec.id:
+        if role == "intermediate" and intermediate_is_draft(cfg):
+            models[role] = models["draft"]
+        elif spec is not None and spec.id:
             model, other_tok = load_index_model(spec.id, dtype=resolve_dtype(spec.dtype or cfg.dtype))
             check_same_tokenizer(other_tok, tok, (spec.id, cfg.target.id))
             model.config._name_or_path = f"{spec.id} (GGUF from the package index)"

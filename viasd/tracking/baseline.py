@@ -2,8 +2,10 @@
 
 A run's *workload* is its resolved identity config (``config.yaml`` in the run store, inputs
 hashes included) without the method and without what never changes a result (tracking,
-hydra, the exp node), but *with* the thread count: same pair (dtype/backend included), task
-and subset, seed, generation settings, input files and threads. The exp scale only picks
+hydra, the exp node) or belongs to the method (its slim-mask file; the pair's independent
+``intermediate`` model, read only by ``slim.mask=independent``), but *with* the thread count:
+same pair (dtype/backend included), task and subset, seed, generation settings, input files
+and threads. The exp scale only picks
 those values, so a run of the same values outside a grid matches too. The ``ar`` run of
 the same workload is the only valid denominator of a speedup; when none is finished the caller
 is told which command creates it — there is no fallback to "any ar run of this pair and task".
@@ -46,6 +48,8 @@ def workload_key(identity: dict[str, Any]) -> str:
     ident = {k: v for k, v in identity.items() if k not in NON_WORKLOAD_KEYS}
     if isinstance(ident.get("inputs"), dict):  # a method's own files (a slim mask) are not the workload
         ident["inputs"] = {k: v for k, v in ident["inputs"].items() if not k.startswith("method.")}
+    if isinstance(ident.get("pair"), dict):  # only slim.mask=independent reads it: a method input too
+        ident["pair"] = {k: v for k, v in ident["pair"].items() if k != "intermediate"}
     return json.dumps(ident, sort_keys=True, default=str)
 
 

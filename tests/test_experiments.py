@@ -87,6 +87,8 @@ def test_exp_smoke_runs_and_reports(exp, tmp_path, synthetic_data_dir, monkeypat
     res = build_all(tmp_path / "pf", store, "smoke", [exp])
     assert not isinstance(res[exp], str), res[exp]
     assert all(Path(p).is_file() for p in res[exp])
+    if exp.startswith("table") or exp in ("fig_kl", "fig_thresholds", "fig_tiers", "fig_keep_ratio"):
+        assert any(p.endswith(".md") for p in res[exp]), "the numbers behind a figure are also a table"
 
 
 def test_killed_grid_resumes_without_redoing_or_losing_runs(tmp_path, synthetic_data_dir):

@@ -81,7 +81,8 @@ def fig_tiers(runs, missing, out, store, scale):
     _legend_outside(ax)
     ax.set_title(f"VIA-SD: tokens per tier ({scale})")
     plt.setp(ax.get_xticklabels(), rotation=20)
-    return save_figure(fig, out, "fig_tiers", runs, missing, scale)
+    paths = save_figure(fig, out, "fig_tiers", runs, missing, scale)
+    return paths + _via_table(out, "fig_tiers", "VIA-SD tokens per tier", runs, missing, scale, "", [])
 
 
 def _ref_runs(runs: list[dict], store: RunStore) -> list[dict]:
@@ -117,21 +118,29 @@ def fig_thresholds(runs, missing, out, store, scale):
     ax.set_title(f"Speed–quality frontier over τ_accept × τ_slim ({scale})")
     _legend_outside(ax)
     paths = save_figure(fig, out, "fig_thresholds", runs, missing, scale)
+    note = "τ > 1 switches a gate off; τ_accept = τ_slim > 1 is the lossless end (sd with the same drafter)."
+    return paths + _via_table(out, "fig_thresholds", "VIA-SD τ frontier", runs, missing, scale, note,
+                              ["method.tau_accept", "method.tau_slim", "method.tau_escalate"])
+
+
+def _via_table(out, name: str, title: str, runs, missing, scale: str, note: str, keys: list[str]) -> list[str]:
+    """A figure's numbers as a table: one row per repeat group with its ``keys`` values, speed,
+    quality next to its ``ar`` run's, target calls per token and the tier shares."""
     rows = []
-    for g in repeat_groups(runs):
-        cfg, shares = g[0]["config"], [tier_shares(r["summary"]) for r in g]
-        ar = g[0]["ar"]
+    groups = sorted(repeat_groups(runs), key=lambda g: [str(OmegaConf.select(g[0]["config"], k)) for k in keys])
+    for g in groups:
+        cfg, shares, ar = g[0]["config"], [tier_shares(r["summary"]) for r in g], g[0]["ar"]
         rows.append([g[0]["summary"].get("pair"), g[0]["summary"].get("task"),
-                     *(OmegaConf.select(cfg, f"method.{k}") for k in ("tau_accept", "tau_slim", "tau_escalate")),
+                     *(OmegaConf.select(cfg, k) for k in keys),
                      stat([r["summary"].get("tokens_per_s") for r in g]), stat([r["speedup"] for r in g]),
                      stat([quality(r["summary"])[1] for r in g]), quality(ar["summary"])[1] if ar else None,
                      stat([r["summary"].get("target_calls_per_token") for r in g]),
                      *(stat([s[t] for s in shares]) for t in ("tier1", "tier2", "tier3"))])
-    metric = quality(runs[0]["summary"])[0] if runs else "quality"
-    header = ["pair", "task", "τ_accept", "τ_slim", "τ_escalate", "tokens/s", "speedup vs ar", metric,
-              f"ar {metric}", "target calls / token", "tier 1", "tier 2", "tier 3"]
-    note = "τ > 1 switches a gate off; τ_accept = τ_slim > 1 is the lossless end (sd with the same drafter)."
-    return paths + write_table(out, "fig_thresholds", "VIA-SD τ frontier", header, rows, runs, missing, note, scale)
+    metrics = sorted({quality(r["summary"])[0] for r in runs} - {""})
+    metric = metrics[0] if len(metrics) == 1 else "quality"
+    header = ["pair", "task", *(k.split(".")[-1].replace("tau_", "τ_") for k in keys), "tokens/s", "speedup vs ar",
+              metric, f"ar {metric}", "target calls / token", "tier 1", "tier 2", "tier 3"]
+    return write_table(out, name, title, header, rows, runs, missing, note, scale)
 
 
 @REPORTS.register("fig_gamma")
@@ -165,16 +174,27 @@ def fig_keep_ratio(runs, missing, out, store, scale):
     k, sp = _series(runs, "method.slim.keep_ratio")
     groups = sorted(repeat_groups(runs), key=lambda g: OmegaConf.select(g[0]["config"], "method.slim.keep_ratio"))
     t3 = [stat([tier_shares(r["summary"])["tier3"] for r in g]) for g in groups]
-    fig, axes = plt.subplots(1, 2, figsize=(7, 3))
+    q = [stat([quality(r["summary"])[1] for r in g]) for g in groups]
+    metric = quality(runs[0]["summary"])[0]
+    fig, axes = plt.subplots(1, 3 if metric else 2, figsize=(10 if metric else 7, 3))
     axes[0].errorbar(k, [float(v) for v in sp], yerr=[v.ci for v in sp], marker="o", capsize=2, label="via_sd")
     axes[1].errorbar(k, [float(v) for v in t3], yerr=[v.ci for v in t3], marker="o", capsize=2)
     _ar_line(axes[0], "y")
     _legend_outside(axes[0])
     axes[0].set(xlabel="slim keep ratio", ylabel="speedup over ar (×)")
     axes[1].set(xlabel="slim keep ratio", ylabel="share of tokens escalated (tier 3)")
+    if metric:  # quality next to its ar run's: a faster point that loses quality is not a gain
+        axes[2].errorbar(k, [float(v) for v in q], yerr=[v.ci for v in q], marker="o", capsize=2, label="via_sd")
+        ar_q = [quality(g[0]["ar"]["summary"])[1] for g in groups if g[0]["ar"]]
+        if ar_q:
+            axes[2].axhline(ar_q[0], color="gray", lw=0.8, ls="--", label=f"ar {metric}")
+        axes[2].set(xlabel="slim keep ratio", ylabel=metric)
+        _legend_outside(axes[2])
     fig.suptitle(f"VIA-SD vs slim keep ratio ({scale})", fontsize=9)
     fig.tight_layout()
-    return save_figure(fig, out, "fig_keep_ratio", runs, missing, scale)
+    paths = save_figure(fig, out, "fig_keep_ratio", runs, missing, scale)
+    return paths + _via_table(out, "fig_keep_ratio", "VIA-SD vs slim keep ratio", runs, missing, scale, "",
+                              ["method.slim.keep_ratio"])
 
 
 @REPORTS.register("fig_dimr")

@@ -146,6 +146,12 @@ def _shares_draft(pair: dict[str, Any]) -> bool:
     return intermediate_is_draft(pair_config(pair))
 
 
+def _shared_row(dtype: str, device: str) -> dict[str, Any]:
+    """The plan row of an intermediate that is the draft itself: no memory of its own."""
+    return {"role": "intermediate", "id": "the draft (one module, loaded once)", "revision": "-", "dtype": dtype,
+            "device": device, "params": 0, "gib": 0.0, "gated": False}
+
+
 def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
     name, loader = pair["name"], pair.get("loader", "tiny")
     device = pair.get("device_map") and f"device_map={pair['device_map']}" or pair.get("device", "cpu")
@@ -156,8 +162,7 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
             if not spec.get("id"):
                 continue
             if role == "intermediate" and _shares_draft(pair):
-                rows.append({"role": role, "id": "the draft (one module, loaded once)", "revision": "-", "dtype": dtype,
-                             "device": device, "params": 0, "gib": 0.0, "gated": False})
+                rows.append(_shared_row(dtype, device))
                 continue
             d = spec.get("dtype") or dtype
             if d not in BYTES:
@@ -180,8 +185,7 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
             if not spec.get("id"):
                 continue
             if role == "intermediate" and _shares_draft(pair):
-                rows.append({"role": role, "id": "the draft (one module, loaded once)", "revision": "-", "dtype": dtype,
-                             "device": device, "params": 0, "gib": 0.0, "gated": False})
+                rows.append(_shared_row(dtype, device))
                 continue
             model = index_model(spec["id"])
             n = KNOWN_PARAMS.get(f"{model.hub_id} (GGUF)")

@@ -44,6 +44,19 @@ def test_sd_equals_greedy_target(family):
             assert res.counters.accepted + res.counters.rejected == res.counters.drafted
         if i % 4 == 0:
             assert decode(pair, ids, "hf_assisted", {"gamma": 3}, gen=gen).tokens == ref, (family, prompt)
+            if not pair.is_encoder_decoder:
+                res = decode(pair, ids, "hf_prompt_lookup", {"gamma": 3}, gen=gen)
+                assert res.tokens == ref, (family, prompt)
+                c = res.counters  # drafted read off the target's inputs: every token is drafted or verified
+                assert c.accepted + c.rounds == len(ref) and c.accepted <= c.drafted <= 3 * c.rounds
+
+
+def test_hf_prompt_lookup_refuses_encoder_decoder():
+    from viasd.errors import ConfigError
+
+    pair = tiny_pair("t5")
+    with pytest.raises(ConfigError, match="decoder-only"):
+        decode(pair, pair.encode(PROMPTS[0]), "hf_prompt_lookup", gen={"max_new_tokens": 4})
 
 
 @pytest.mark.parametrize("family", FAMILIES)

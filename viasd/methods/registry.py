@@ -48,6 +48,7 @@ BUILTIN = {
     "faster_cascades": "viasd.methods.faster_cascades",
     "via_sd": "viasd.methods.via_sd",
     "hf_assisted": "viasd.methods.hf_assisted",
+    "hf_prompt_lookup": "viasd.methods.hf_assisted",
 }
 for _name, _module in BUILTIN.items():
     METHODS.register_lazy(_name, _module)

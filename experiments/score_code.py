@@ -87,7 +87,11 @@ def _task(name: str | None, run_cfg: dict[str, Any] | None, problems: str | None
 
 def score_samples(task: Task, rows: list[dict[str, Any]], workers: int | None = None,
                   timeout_s: float | None = None) -> tuple[float, list[dict[str, Any]]]:  # fmt: skip
-    """(pass@1 on 0-100, rows with ``passed``/``status``/``result`` added) for ``rows`` of ``task``."""
+    """(pass@1 on 0-100, rows with ``passed``/``status``/``result`` added) for ``rows`` of ``task``.
+
+    Refuses (ConfigError) before reading the task's problems when the sandbox is unavailable.
+    """
+    task.preflight()  # the one-line refusal comes before anything else can fail (e.g. the data cache)
     by_id = {e.id: e for e in task.examples()}
     ids = [str(r.get("task_id", r.get("id"))) for r in rows]
     unknown = sorted(set(ids) - set(by_id))

@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from experiments import score_code
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import build_task, sandbox
+from viasd.tasks import build_task, loading, sandbox, sandbox_kernel
 from viasd.tasks.base import Example
 from viasd.tasks.sandbox import run_program, run_programs
 
 RIGHT = "def add(a, b):\n    return a + b\n"
 WRONG_EXIT = "def add(a, b):\n    return None\nimport os\nos._exit(0)\n"
 CHECKS = "def check(f):\n    assert f(2, 3) == 5\n\ncheck(add)\n"
+UNSAFE = "VIASD_UNSAFE_EXEC=1"
 
 
 @pytest.fixture
@@ -108,3 +110,49 @@ def test_not_root_refuses_then_runs_as_the_calling_user_when_waived(not_root):
     assert r.passed and r.detail.strip().splitlines()[-1] == str(os.getuid()), r
     assert [r.status for r in run_programs([RIGHT, WRONG_EXIT], [CHECKS] * 2, workers=1, unsafe=True)] == [
         "passed", "failed"]
+
+
+def test_not_root_refuses_before_reading_the_problems(not_root, tmp_path, monkeypatch, capsys):
+    """A root-made datasets cache this user cannot write must not come before the one-line refusal."""
+    def unwritable_cache() -> str:
+        raise PermissionError(13, "Permission denied", "/tmp/viasd-datasets-cache")
+
+    monkeypatch.setattr(loading, "_datasets_cache_dir", unwritable_cache)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"task_id": "T/0", "prompt": "def add(a, b):\n", "canonical_solution": "",
+                                    "test": "def check(c):\n    assert c(2, 3) == 5\n", "entry_point": "add"}) + "\n")  # fmt: skip
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "T/0", "completion": "    return a + b\n"}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        score_code.main(["--task", "humaneval", "--samples", str(samples), "--problems", str(problems)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "not running as root" in err and UNSAFE in err, err
+
+
+@pytest.fixture
+def fresh_probe():
+    """Let a test re-probe the isolation (cached per process) and leave the real answer behind."""
+    sandbox._isolation.cache_clear()
+    yield
+    sandbox._isolation.cache_clear()
+
+
+def test_missing_libseccomp_refuses(monkeypatch, fresh_probe):
+    monkeypatch.setattr(sandbox_kernel, "pyseccomp", None)
+    assert "pip install pyseccomp" in sandbox_kernel.seccomp_unavailable()
+    monkeypatch.setattr(sandbox, "_is_root", lambda: True)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    py, why = sandbox._isolation()
+    assert py is None and why.startswith("libseccomp is unavailable"), why
+
+
+def test_a_failing_self_test_refuses(monkeypatch):
+    if sandbox._isolation()[0] is None:
+        pytest.skip("needs a working sandbox whose self-test can be made to fail")
+    monkeypatch.setattr(sandbox, "_SELF_TEST", "raise SystemExit(3)")
+    sandbox._isolation.cache_clear()
+    try:
+        assert sandbox._isolation() == (
+            None, "the sandbox's self-test did not pass (failed: SystemExit in the program)")  # fmt: skip
+    finally:
+        sandbox._isolation.cache_clear()

@@ -1,12 +1,14 @@
-"""Per-sample control groups: one memory and process budget for everything a sample starts.
+"""Per-sample control groups: one memory, process and CPU budget for everything a sample starts.
 
 This module owns creating, reading and removing the cgroup of one sandboxed program (used
 by :mod:`viasd.tasks.sandbox`). A :class:`SampleCgroup` caps the memory of the whole sample
 (every process, plus the tmpfs files, memfds and shared memory it creates, which are all
-charged to it) and its number of tasks. It uses cgroup v2 when the unified hierarchy offers
-the ``memory`` and ``pids`` controllers to the harness's own cgroup, otherwise the v1
-``memory`` and ``pids`` hierarchies (a hybrid mount). The sample's cgroups are created
-below the harness's own, so the harness's limits still apply to them.
+charged to it), its number of tasks and, where the ``cpu`` controller is offered too, its
+CPU bandwidth (``cpu.max``, v1 ``cpu.cfs_quota_us``: a number of CPUs' worth, so eight busy
+processes of one sample share one core). It uses cgroup v2 when the unified hierarchy
+offers the ``memory`` and ``pids`` controllers to the harness's own cgroup, otherwise the v1
+``memory`` and ``pids`` (and ``cpu``) hierarchies (a hybrid mount). The sample's cgroups are
+created below the harness's own, so the harness's limits still apply to them.
 
 The sandbox joins a sample by writing ``0`` (the writer itself) into each path of
 :attr:`SampleCgroup.procs_files` before it drops privileges; children inherit membership.
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SampleCgroup", "cgroup_support"]
 
 _ROOT = Path("/sys/fs/cgroup")
+_PERIOD_US = 100_000  # the CPU bandwidth period
 _counter = itertools.count()
 _lock = threading.Lock()
 
@@ -57,7 +60,8 @@ def cgroup_support() -> tuple[str, dict[str, Path]] | None:
 
     The parents are where per-sample cgroups are created; the answer comes from actually
     creating and removing a probe cgroup (with the limits written), so it reflects what
-    works for this process, not what is mounted.
+    works for this process, not what is mounted. A v1 answer has a ``"cpu"`` parent too, and
+    a v2 answer the key ``"cpu"`` (the same parent), when a CPU limit can be written there.
     """
     own = _own_paths()
     candidates: list[tuple[str, dict[str, Path]]] = []
@@ -71,22 +75,28 @@ def cgroup_support() -> tuple[str, dict[str, Path]] | None:
         candidates.append(("v1", {c: _ROOT / c / own[c].lstrip("/") for c in ("memory", "pids")}))
     for version, parents in candidates:
         try:
-            probe = SampleCgroup._create(version, parents, 64 * 1024 * 1024, 8, "probe")
+            SampleCgroup._create(version, parents, 64 * 1024 * 1024, 8, None, "probe").remove()
         except OSError as e:
             log.debug("cgroup %s unusable here: %s", version, e)
             continue
-        probe.remove()
+        if version == "v2" or "cpu" in own:
+            cpu = {"cpu": parents[""] if version == "v2" else _ROOT / "cpu" / own["cpu"].lstrip("/")}
+            try:
+                SampleCgroup._create(version, {**parents, **cpu}, 64 * 1024 * 1024, 8, 1.0, "probe").remove()
+                parents = {**parents, **cpu}
+            except OSError as e:
+                log.debug("no cgroup CPU limit here (RLIMIT_CPU only): %s", e)
         return version, parents
     return None
 
 
-def _enable_v2_controllers(parent: Path) -> None:
-    """Let ``parent``'s children use memory and pids (raises OSError when that is refused)."""
+def _enable_v2_controllers(parent: Path, wanted: tuple[str, ...]) -> None:
+    """Let ``parent``'s children use the ``wanted`` controllers (raises OSError when that is refused)."""
     have = (parent / "cgroup.controllers").read_text().split()
-    if not {"memory", "pids"} <= set(have):
-        raise OSError(f"{parent} does not offer the memory and pids controllers")
+    if not set(wanted) <= set(have):
+        raise OSError(f"{parent} does not offer the {' and '.join(wanted)} controllers")
     enabled = (parent / "cgroup.subtree_control").read_text().split()
-    missing = [c for c in ("memory", "pids") if c not in enabled]
+    missing = [c for c in wanted if c not in enabled]
     if missing:
         _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in missing))
 
@@ -100,22 +110,27 @@ class SampleCgroup:
     memory_dir: Path
 
     @classmethod
-    def create(cls, memory_bytes: int, max_tasks: int) -> SampleCgroup | None:
-        """A fresh cgroup limited to ``memory_bytes`` (no swap) and ``max_tasks``; None if unsupported."""
+    def create(cls, memory_bytes: int, max_tasks: int, cpus: float = 1.0) -> SampleCgroup | None:
+        """A fresh cgroup limited to ``memory_bytes`` (no swap), ``max_tasks`` and ``cpus`` CPUs' worth.
+
+        None if cgroups are unsupported here; without the cpu controller, no CPU limit.
+        """
         support = cgroup_support()
         if support is None:
             return None
         with _lock:
             tag = f"{os.getpid()}-{next(_counter)}"
-        return cls._create(support[0], support[1], memory_bytes, max_tasks, tag)
+        return cls._create(support[0], support[1], memory_bytes, max_tasks, cpus, tag)
 
     @classmethod
-    def _create(cls, version: str, parents: dict[str, Path], memory_bytes: int, max_tasks: int, tag: str):
+    def _create(cls, version: str, parents: dict[str, Path], memory_bytes: int, max_tasks: int,
+                cpus: float | None, tag: str) -> SampleCgroup:  # fmt: skip
         name = f"viasd-sbx-{tag}"
         made: list[Path] = []
+        quota = None if cpus is None or "cpu" not in parents else str(max(1000, int(cpus * _PERIOD_US)))
         try:
             if version == "v2":
-                _enable_v2_controllers(parents[""])
+                _enable_v2_controllers(parents[""], ("memory", "pids") + (("cpu",) if quota else ()))
                 d = parents[""] / name
                 d.mkdir()
                 made.append(d)
@@ -123,6 +138,8 @@ class SampleCgroup:
                 if (d / "memory.swap.max").exists():
                     _write(d / "memory.swap.max", "0")
                 _write(d / "pids.max", str(max_tasks))
+                if quota:
+                    _write(d / "cpu.max", f"{quota} {_PERIOD_US}")
                 return cls(version, made, d)
             mem = parents["memory"] / name
             mem.mkdir()
@@ -134,6 +151,12 @@ class SampleCgroup:
             pids.mkdir()
             made.append(pids)
             _write(pids / "pids.max", str(max_tasks))
+            if quota:
+                cpu = parents["cpu"] / name
+                cpu.mkdir()
+                made.append(cpu)
+                _write(cpu / "cpu.cfs_period_us", str(_PERIOD_US))
+                _write(cpu / "cpu.cfs_quota_us", quota)
             return cls(version, made, mem)
         except OSError:
             cls(version, made, made[0] if made else Path()).remove()

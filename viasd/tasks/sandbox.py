@@ -1,57 +1,52 @@
-"""Sandboxed execution of generated code, for pass@1 (HumanEval, MBPP).
+"""Sandboxed execution of generated code, for pass@1 (HumanEval, MBPP); design in ``docs/sandbox.md``.
 
 This module owns running one untrusted program and its checks and deciding whether the
 checks ran to completion. A harness-owned driver runs inside a fresh ``python -I``
 process: it executes the program, then the checks, in one namespace (whose ``__name__`` is
-not ``"__main__"``, as in OpenAI's human-eval, so ``if __name__ == "__main__":`` blocks do
-not run) and, only when both returned, writes a per-run random key to a result pipe. A
-sample passes iff the harness reads exactly that key back. Exit statuses are never
-trusted: ``os._exit(0)``, ``sys.exit``, ``SystemExit``, ``exit()``/``quit()``, ``atexit``
-and ``sys.excepthook`` tricks, signals and timeouts all end before the key is written, so
-they fail, each with its reason. (The key lives in the driver's frame: a program written
-to inspect the driver's frames could forge it, as it could under human-eval.)
+not ``"__main__"``, as in OpenAI's human-eval). It binds ``exec``, ``compile``, the sources
+and its pipe writer before the program runs, and the checks resolve names in a copy of
+builtins taken then, so patching builtins or modules cannot switch the checks off. Only
+after the checks returned does it read a per-run key from a pipe (so the key is not in
+memory while the program runs) and write it with the verdict to a result pipe: a sample
+passes iff the harness reads exactly that record back, and status and reason come from the
+harness and that record, never from text the program wrote. Exit statuses are never
+trusted: early exits, ``atexit``/excepthook tricks, signals and timeouts fail, each with its
+reason. What remains open to code that attacks its own process is in the design note.
 
 Isolation (``namespace`` mode, the only one used unless explicitly waived): root with
-util-linux ``unshare``/``setpriv``/``mount``. Each sample gets fresh network (downed
-loopback only), PID, mount, IPC and UTS namespaces; SysV shared memory, semaphores and
-message queues and POSIX queues die with the IPC namespace. A root ``sh`` is PID 1 of the
-namespace and the driver its child, run as a fresh unprivileged uid with no capabilities
-and ``no_new_privs``; when it ends, the kernel kills everything left. ``/tmp`` (holding the
-working directory ``/tmp/work``), ``/var/tmp``, ``/run/lock`` and ``/dev/shm`` are private
-size-limited tmpfs mounts, so nothing the program writes reaches the host disk and all of
-it vanishes with the namespace. The whole sample (every process, its files, memfds and
-shared memory) is bounded by a per-sample cgroup (:mod:`viasd.tasks.cgroups`: memory and
-number of tasks). Without a usable cgroup, the program may not fork or start threads
-(``RLIMIT_NPROC`` 1 for its uid) and open files × file size is kept within the memory
-budget, with IPC sysctls lowered in its namespace. Per process there are also limits on
-address space, file size, CPU seconds and open files. Output goes through a pipe; past
-``max_output_mb`` the sample is killed. (util-linux rather than bubblewrap: run by root,
-bwrap can change the uid only inside a user namespace that maps it back to root on the
-host, which leaves root-owned files writable; util-linux is in every Debian base image.)
+util-linux ``unshare``/``setpriv``/``mount`` and libseccomp. Each sample gets fresh network,
+PID, mount, IPC and UTS namespaces, a fresh empty session keyring, private size-limited
+tmpfs over ``/tmp`` (its working directory ``/tmp/work``), ``/var/tmp``, ``/run/lock``,
+``/dev/shm``, and runs as a random unprivileged uid with no capabilities, ``no_new_privs``,
+not dumpable, under the seccomp filter of :mod:`viasd.tasks.sandbox_kernel`; a root ``sh``
+is PID 1, so everything left dies with it. A per-sample cgroup (:mod:`viasd.tasks.cgroups`)
+bounds memory (files, memfds, shared memory included), tasks and CPU bandwidth; without
+one the program may not fork (``RLIMIT_NPROC`` 1) and open files × file size stays within
+the memory budget. Per process: address space, file size, CPU seconds, open files; output
+past ``max_output_mb`` kills the sample.
 
-Fail closed: when namespace mode is unavailable (not root, no ``CAP_SYS_ADMIN``, tools
-missing), :func:`run_programs` raises a :class:`~viasd.errors.ConfigError` naming the
-opt-in, ``VIASD_UNSAFE_EXEC=1`` or the task's ``unsafe_exec: true``. With the opt-in,
-programs run with the resource limits only (as a fresh uid when root, else as the
-harness's own user, which can read its files and environment), with a warning per call.
-``VIASD_SANDBOX_PYTHON`` picks the interpreter (default: the first of ``sys.executable``,
-``/usr/bin/python3`` that the sandbox uid runs as the same installation). The driver and
-the namespace stage themselves are in :mod:`viasd.tasks.sandbox_scripts`, process handling
-in :mod:`viasd.tasks.sandbox_proc`.
+Fail closed: when namespace mode is unavailable (not root, no ``CAP_SYS_ADMIN``, tools or
+libseccomp missing, or the self-test of the whole chain fails), :func:`run_programs`
+raises a :class:`~viasd.errors.ConfigError` naming the opt-in, ``VIASD_UNSAFE_EXEC=1`` or
+the task's ``unsafe_exec: true``. With it, programs run with the resource limits (and the
+filter where libseccomp is there) only, as a fresh uid when root, else as the harness's own
+user, with a warning per call. ``VIASD_SANDBOX_PYTHON`` picks the interpreter (default: the
+first of ``sys.executable``, ``/usr/bin/python3`` that the sandbox uid runs as the same
+installation). The driver and the root stage are in :mod:`viasd.tasks.sandbox_scripts`,
+process handling and the verdict in :mod:`viasd.tasks.sandbox_proc`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
+import math
 import os
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,8 +55,9 @@ from pathlib import Path
 
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
-from viasd.tasks.sandbox_proc import collect, exit_words, kill_group, remove_tree
-from viasd.tasks.sandbox_scripts import DRIVER, SETUP_FAILED, SETUP_MARKER, minimal_env, namespace_prefix
+from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
+from viasd.tasks.sandbox_proc import collect, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
+from viasd.tasks.sandbox_scripts import DRIVER, minimal_env, namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +75,7 @@ __all__ = [
 
 UNSAFE_ENV = "VIASD_UNSAFE_EXEC"
 _DETAIL_CHARS = 2000
-_UID_BASE = 1_500_000  # fresh uids with no passwd entry: nothing on disk is owned by them
-_uid_counter = itertools.count()
-_uid_lock = threading.Lock()
+
 
 @dataclass
 class SandboxResult:
@@ -109,12 +103,6 @@ class _Plan:
     drop_uid: bool  # run as a fresh unprivileged uid (we are root)
 
 
-def _next_uid() -> int:
-    with _uid_lock:
-        n = next(_uid_counter)
-    return _UID_BASE + (os.getpid() % 20_000) * 1_000 + n % 1_000
-
-
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -135,16 +123,16 @@ def _probe_version(cmd: list[str], cwd: str, user: int | None = None) -> str | N
 def _first_usable(candidates: list[str], namespace: bool) -> str | None:
     """The first interpreter a fresh uid runs (in the namespaces) as the same installation."""
     workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
+    uid = take_uid()
     try:
         for name in ("program.py", "checks.py"):
             Path(workdir, name).write_text("")
-        uid = _next_uid()
         if not namespace:
             os.chown(workdir, uid, uid)
         for py in candidates:
             as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
             if namespace:
-                cmd = namespace_prefix(uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
+                cmd = namespace_prefix(2, uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
                 sandboxed = _probe_version(cmd, workdir)
             else:
                 sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
@@ -152,6 +140,7 @@ def _first_usable(candidates: list[str], namespace: bool) -> str | None:
                 return py
         return None
     finally:
+        free_uid(uid)
         remove_tree(workdir)
 
 
@@ -159,6 +148,13 @@ def _candidates() -> list[str]:
     env_py = os.environ.get("VIASD_SANDBOX_PYTHON")
     cands = [env_py] if env_py else [sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]
     return [c for i, c in enumerate(cands) if c and c not in cands[:i] and os.path.exists(c)]
+
+
+# The self-test of the whole chain: the filter is in place (no user namespaces) and the checks pass.
+_SELF_TEST = (
+    "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "assert libc.unshare(0x10000000) == -1 and ctypes.get_errno() == errno.EPERM\n"
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -172,9 +168,16 @@ def _isolation() -> tuple[str | None, str]:
     missing = [t for t in ("unshare", "setpriv", "mount", "sh", "cp") if not shutil.which(t)]
     if missing:
         return None, f"missing tools {missing} (Debian: apt-get install util-linux mount)"
+    why = seccomp_unavailable()
+    if why:
+        return None, why
     py = _first_usable(cands, namespace=True)
     if py is None:
         return None, "creating the namespaces failed (no CAP_SYS_ADMIN, or a seccomp/AppArmor policy)"
+    r = _run(_Plan("namespace", py, True), _SELF_TEST, "pass", timeout_s=20, memory_mb=256, max_procs=4,
+             max_file_mb=1, max_disk_mb=1, max_output_mb=1, max_cpus=1.0)  # fmt: skip
+    if not r.passed:
+        return None, f"the sandbox's self-test did not pass ({r.status}: {r.reason})"
     return py, ""
 
 
@@ -192,7 +195,7 @@ def require_isolation(unsafe: bool = False) -> None:
     if py is None and not _unsafe_requested(unsafe):
         raise ConfigError(
             f"refusing to execute generated code: the sandbox is unavailable ({why}). Run as root "
-            f"with util-linux unshare/setpriv, or accept running it unsandboxed with {UNSAFE_ENV}=1 "
+            f"with util-linux unshare/setpriv and libseccomp, or accept running it unsandboxed with {UNSAFE_ENV}=1 "
             "(or task.unsafe_exec=true)"
         )
 
@@ -241,18 +244,30 @@ def run_program(
     max_file_mb: int = 16,
     max_disk_mb: int = 32,
     max_output_mb: int = 4,
+    max_cpus: float = 1.0,
     unsafe: bool = False,
 ) -> SandboxResult:
     """Run ``code`` then ``checks`` in the sandbox; passed iff both ran to completion.
 
-    ``timeout_s`` bounds the wall time; ``memory_mb`` the memory of the whole sample (its
-    cgroup) and of each process (address space); ``max_procs`` its processes and threads;
-    ``max_file_mb`` any one file (and memfd); ``max_disk_mb`` all files it writes (a
-    tmpfs); ``max_output_mb`` its stdout+stderr. Never raises for anything the program
-    does; raises a ConfigError (before running anything) when the sandbox is unavailable
-    and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not waive it.
+    ``timeout_s`` bounds the program's wall time (counted from when the sandbox is up);
+    ``memory_mb`` the memory of the whole sample (its cgroup) and of each process (address
+    space); ``max_procs`` its processes and threads; ``max_cpus`` the CPUs' worth of time it
+    may use at once (its cgroup, where the cpu controller is there; each process also gets
+    ``RLIMIT_CPU`` of ⌈``timeout_s``⌉ + 1 s); ``max_file_mb`` any one file (and memfd);
+    ``max_disk_mb`` all files it writes (a tmpfs); ``max_output_mb`` its stdout+stderr.
+    Never raises for anything the program does; raises a ConfigError (before running
+    anything) when the sandbox is unavailable and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not
+    waive it.
     """
     plan = _plan(unsafe)
+    return _run(
+        plan, code, checks, timeout_s, memory_mb, max_procs, max_file_mb, max_disk_mb, max_output_mb, max_cpus
+    )
+
+
+def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, max_procs: int,
+         max_file_mb: int, max_disk_mb: int, max_output_mb: int, max_cpus: float) -> SandboxResult:  # fmt: skip
+    """:func:`run_program` under ``plan``."""
     t0 = time.monotonic()
 
     def result(status: str, reason: str, detail: str = "", peak: float | None = None) -> SandboxResult:
@@ -262,33 +277,40 @@ def run_program(
     workdir: str | None = None
     cg: SampleCgroup | None = None
     proc: subprocess.Popen | None = None
+    uid: int | None = None
     fds: list[int] = []
     try:
         workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
         Path(workdir, "program.py").write_text(code, encoding="utf-8")
         Path(workdir, "checks.py").write_text(checks, encoding="utf-8")
+        mb = 1024 * 1024
         if namespace:
             try:
-                cg = SampleCgroup.create(memory_mb * 1024 * 1024, max_procs + 2)
+                cg = SampleCgroup.create(memory_mb * mb, max_procs + 2, max_cpus)
             except OSError as e:
                 return result("error", f"could not create the sample's cgroup: {e}")
-        mb = 1024 * 1024
         nofile = 256 if cg or not namespace else max(16, memory_mb // max(1, max_file_mb))
         nproc = (max_procs if cg else 1) if plan.drop_uid else -1
-        limits = [memory_mb * mb, nproc, max_file_mb * mb, int(timeout_s) + 2, nofile]
+        limits = [memory_mb * mb, nproc, max_file_mb * mb, math.ceil(timeout_s) + 1, nofile]
+        try:
+            bpf = filter_program().hex()
+        except OSError:
+            bpf = "-"  # only in unsafe mode: namespace mode requires the filter (_isolation)
         key = secrets.token_hex(16).encode()
         key_r, key_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         fds = [key_r, key_w, res_r, res_w, out_r, out_w]
         os.write(key_w, key)
-        driver = [plan.python, "-I", "-B", "-c", DRIVER, str(key_r), str(res_w), *map(str, limits)]
-        driver.append("0" if namespace else "1")
+        os.close(key_w)  # the driver reads it once; a second reader finds the pipe empty
+        fds.remove(key_w)
+        driver = [plan.python, "-I", "-B", "-c", DRIVER, str(res_w), str(key_r), *map(str, limits)]
+        driver += ["0" if namespace else "1", bpf]
         popen_kw: dict = {}
-        uid = _next_uid() if plan.drop_uid else None
+        uid = take_uid() if plan.drop_uid else None
         if namespace:
             procs = cg.procs_files if cg else []
-            cmd = namespace_prefix(uid, max_disk_mb, max_file_mb * mb, procs) + driver
+            cmd = namespace_prefix(res_w, uid, max_disk_mb, max_file_mb * mb, procs) + driver
             env = minimal_env("/tmp/work")
         else:
             cmd, env = driver, minimal_env(workdir)
@@ -297,36 +319,30 @@ def run_program(
                     os.chown(p, uid, uid)
                 popen_kw = {"user": uid, "group": uid, "extra_groups": []}
         try:
-            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out_w,
-                                    stderr=out_w, pass_fds=(key_r, res_w), start_new_session=True,
-                                    **popen_kw)  # fmt: skip
+            proc = spawn_in_fresh_keyring(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out_w,
+                                          stderr=out_w, pass_fds=(key_r, res_w), start_new_session=True,
+                                          **popen_kw)  # fmt: skip
         except OSError as e:
             return result("error", f"could not start the sandbox: {e}")
-        for fd in (key_r, key_w, res_w, out_w):
+        for fd in (key_r, res_w, out_w):
             os.close(fd)
             fds.remove(fd)
-        detail, verdict, stop = collect(proc, out_r, res_r, timeout_s, max_output_mb * mb, _DETAIL_CHARS)
+        detail, channel, stop = collect(proc, out_r, res_r, timeout_s, max_output_mb * mb, _DETAIL_CHARS)
         kill_group(proc, namespace)  # leftovers die with the PID namespace; in unsafe mode, here
         peak = cg.peak_bytes() if cg else None
         peak_mb = None if peak is None else peak / mb
-        if stop == "timeout":
-            return result("timeout", f"timed out after {timeout_s:g} s", detail, peak_mb)
-        if stop == "output":
-            return result("failed", f"output exceeded {max_output_mb} MB", detail, peak_mb)
-        if verdict == key + b" passed":
-            return result("passed", "the checks ran to completion", detail, peak_mb)
-        rc = proc.returncode
-        if rc == SETUP_FAILED and SETUP_MARKER in detail:
-            return result("error", "sandbox setup failed: " + detail.strip().splitlines()[-1], detail)
-        if verdict.startswith(b"failed ") and key not in verdict:
-            return result("failed", verdict[7:200].decode("ascii", "replace"), detail, peak_mb)
-        if cg is not None and cg.oom_killed():
-            reason = f"the sample exceeded its memory limit of {memory_mb} MB ({exit_words(rc, namespace)})"
-            return result("failed", reason, detail, peak_mb)
-        how = exit_words(rc, namespace)
-        if verdict:
-            return result("failed", f"the result channel was tampered with ({how})", detail, peak_mb)
-        return result("failed", f"exited before the checks completed ({how})", detail, peak_mb)
+        how = exit_words(proc.returncode, namespace)
+        oom = (
+            f"the sample exceeded its memory limit of {memory_mb} MB ({how})"
+            if cg and cg.oom_killed()
+            else ""
+        )
+        words = {
+            "timeout": f"timed out after {timeout_s:g} s",
+            "output": f"output exceeded {max_output_mb} MB",
+        }
+        status, reason = judge(channel, key, how, stop, words.get(stop, ""), oom)
+        return result(status, reason, detail, None if status == "error" else peak_mb)
     except Exception as e:  # the harness must survive whatever a sample does
         if proc is not None and proc.poll() is None:
             kill_group(proc, namespace)
@@ -341,6 +357,7 @@ def run_program(
             cg.remove()
         if workdir is not None:
             remove_tree(workdir)
+        free_uid(uid)
 
 
 def run_programs(

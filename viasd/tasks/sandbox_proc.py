@@ -1,25 +1,55 @@
 """Process plumbing for the code sandbox (:mod:`viasd.tasks.sandbox`).
 
 This module owns the parts of running a sandboxed program that do not depend on how it is
-isolated: reading its output and result pipes against a deadline and an output cap,
-killing everything it started, naming how it ended, and deleting its directory whatever
-the program left there.
+isolated: drawing its uid, reading its output and result pipes against a deadline and an
+output cap, killing everything it started, naming how it ended, turning what the result
+channel carried into a status and a reason (:func:`judge`), and deleting its directory
+whatever the program left there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import select
 import signal
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+from viasd.tasks.sandbox_scripts import KEY_BYTES, READY, SETUP_MARKER
+
 log = logging.getLogger(__name__)
 
-__all__ = ["collect", "exit_words", "kill_group", "remove_tree"]
+__all__ = ["UID_BASE", "collect", "exit_words", "free_uid", "judge", "kill_group", "remove_tree", "take_uid"]
+
+SETUP_S = 30.0  # the most a sample's sandbox may take to start, on top of its timeout
+UID_BASE = 1_500_000  # sandbox uids have no passwd entry: nothing on disk is owned by them
+_UID_SPAN = 1 << 24  # drawn at random; never two live samples of this process on one uid
+_uids_live: set[int] = set()
+_uid_lock = threading.Lock()
+
+
+def take_uid() -> int:
+    """A random sandbox uid no live sample of this process has (release with :func:`free_uid`)."""
+    with _uid_lock:
+        uid = UID_BASE + secrets.randbelow(_UID_SPAN)
+        for _ in range(100):
+            if uid not in _uids_live:
+                break
+            uid = UID_BASE + secrets.randbelow(_UID_SPAN)
+        _uids_live.add(uid)
+        return uid
+
+
+def free_uid(uid: int | None) -> None:
+    """Give back a uid from :func:`take_uid` (None: nothing to do)."""
+    with _uid_lock:
+        _uids_live.discard(uid)
 
 
 def remove_tree(path: str | os.PathLike) -> bool:
@@ -101,10 +131,12 @@ def collect(
     """Read the output pipe (keeping its tail) and the result pipe until both close.
 
     Returns ``(last keep_chars of output, result bytes (at most 4 KiB), stop)`` where ``stop``
-    is ``"timeout"`` (``timeout_s`` passed), ``"output"`` (more than ``max_output`` bytes) or ``""``.
+    is ``"timeout"``, ``"output"`` (more than ``max_output`` bytes) or ``""``. The clock of
+    ``timeout_s`` starts when the result pipe says ``READY`` (the sandbox's own start-up does
+    not count against the program); before that, the sandbox has ``SETUP_S`` + ``timeout_s``.
     """
-    deadline = time.monotonic() + timeout_s
-    tail, result, total, stop = bytearray(), bytearray(), 0, ""
+    deadline = time.monotonic() + SETUP_S + timeout_s
+    tail, result, total, stop, started = bytearray(), bytearray(), 0, "", False
     open_fds = {out_r, res_r}
     exited_at: float | None = None
     while True:
@@ -134,6 +166,8 @@ def collect(
                 del tail[: -4 * keep_chars]
             else:
                 result += data[: max(0, 4096 - len(result))]
+                if not started and result.startswith(READY):
+                    started, deadline = True, time.monotonic() + timeout_s
         if total > max_output:
             stop = "output"
             break
@@ -151,3 +185,40 @@ def exit_words(rc: int, namespace: bool) -> str:
         return f"killed by {signal.Signals(sig).name}"
     except ValueError:
         return f"killed by signal {sig}"
+
+
+_FAILED = re.compile(rb" failed (program|checks) ([A-Za-z0-9_.]{1,80})\n")
+
+
+def judge(
+    channel: bytes, key: bytes, how: str, stop: str = "", stop_reason: str = "", oom: str = ""
+) -> tuple[str, str]:
+    """``(status, reason)`` of a sample from its result ``channel`` (see :mod:`~viasd.tasks.sandbox_scripts`).
+
+    ``key`` is the run's key, ``how`` the launcher's :func:`exit_words`, ``stop`` what
+    :func:`collect` returned (``"timeout"``, ``"output"`` or ``""``) with ``stop_reason`` the
+    words for it, ``oom`` a reason when the sample's cgroup saw an OOM kill. Nothing the program
+    could write is taken as text: before ``READY`` only the harness's own stages write (a
+    setup failure is status ``error``); after it only a record that starts with the key
+    counts, and its reason is composed here from a stage and a validated class name.
+    """
+    if not channel.startswith(READY):
+        if channel.startswith(SETUP_MARKER):
+            line = channel[len(SETUP_MARKER) :].split(b"\n", 1)[0].decode("utf-8", "replace")
+            return "error", f"sandbox setup failed: {line}"
+        waited = "in time" if stop == "timeout" else f"({how})"
+        return "error", f"the sandbox did not start {waited}"
+    body = channel[len(READY) :]
+    if stop:
+        return ("timeout" if stop == "timeout" else "failed"), stop_reason
+    keyed = len(key) == KEY_BYTES and body.startswith(key)
+    if keyed and body[KEY_BYTES:] == b" passed\n":
+        return "passed", "the checks ran to completion"
+    m = _FAILED.fullmatch(body[KEY_BYTES:]) if keyed else None
+    if m:
+        return "failed", f"{m.group(2).decode()} in the {m.group(1).decode()}"
+    if oom:
+        return "failed", oom
+    if body:
+        return "failed", f"the result channel was tampered with ({how})"
+    return "failed", f"exited before the checks completed ({how})"

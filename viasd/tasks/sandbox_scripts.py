@@ -1,68 +1,119 @@
 """The two programs a sandboxed sample runs, and the command and environment that start them.
 
-This module owns the text of the harness-owned Python driver (executes the program, then the
-checks, and writes the run's key to the result pipe only when both returned) and of the root
-``sh`` stage of namespace mode (joins the sample's cgroup, lowers IPC limits, mounts private
-tmpfs, drops to the fresh uid), plus :func:`namespace_prefix` and :func:`minimal_env`.
+This module owns the text of the harness-owned Python driver and of the root ``sh`` stage
+of namespace mode, plus :func:`namespace_prefix` and :func:`minimal_env`.
 :mod:`viasd.tasks.sandbox` decides when and how they run.
+
+The result channel (one pipe to the harness) carries, in order: ``READY`` (written by the
+driver once its limits and seccomp filter are in place, before any code of the program
+runs) and then one record, ``key + b" passed\\n"`` or ``key + b" failed <stage> <Name>\\n"``.
+A setup failure (the root stage's, or the driver's before ``READY``) is ``SETUP_MARKER``
+and a line instead. The 32-byte key waits in a second pipe, which the driver reads only
+after the checks returned or raised; so the harness trusts setup text only before
+``READY`` and a verdict only with the key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["DRIVER", "SETUP_FAILED", "SETUP_MARKER", "STAGE", "minimal_env", "namespace_prefix"]
+__all__ = ["DRIVER", "KEY_BYTES", "READY", "SETUP_MARKER", "STAGE", "minimal_env", "namespace_prefix"]
 
-#: Exit status and stderr marker of a failed namespace setup (not the program's doing).
-SETUP_FAILED = 125
-SETUP_MARKER = "viasd-sandbox-setup-failed"
+READY = b"ready\n"
+SETUP_MARKER = b"viasd-sandbox-setup-failed: "
+KEY_BYTES = 32
 
-# The harness-owned driver, run by the sandboxed interpreter. argv: key fd, result fd, the
-# limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard.
-# It takes everything it needs before the program runs, so a program that replaces
-# os.write/os._exit or sys.stderr can only make its own sample fail.
+# The harness-owned driver, run by the sandboxed interpreter. argv: result fd, key fd, the
+# limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard,
+# the seccomp filter as hex ("-": none). Everything the verdict needs is bound before the
+# program runs, so nothing the program does to builtins, sys.modules or other modules
+# reaches it; the checks resolve names in a copy of builtins taken before the program ran.
 DRIVER = r"""
 def _viasd_driver(argv):
-    import builtins, os, resource, sys, traceback
-    write, exit_, close = os.write, os._exit, os.close
-    key_fd, res_fd = int(argv[1]), int(argv[2])
-    key = os.read(key_fd, 64)
-    close(key_fd)
-    lims = [int(a) for a in argv[3:8]]
+    import _signal, builtins, ctypes, gc, os, resource, sys
+    read, write, exit_ = os.read, os.write, os._exit
+    exec_, compile_, type_, Base = exec, compile, type, BaseException
+    name_of, encode = type.__dict__["__name__"].__get__, str.encode
+    settrace, setprofile, gc_disable = sys.settrace, sys.setprofile, gc.disable
+    block, SIG_BLOCK, all_signals = _signal.pthread_sigmask, _signal.SIG_BLOCK, _signal.valid_signals()
+    set_events = getattr(getattr(sys, "monitoring", None), "set_events", None)
+    stdout, stderr, print_exc = sys.stdout, sys.stderr, sys.__excepthook__  # (C: no traceback import)
+    res_fd, key_fd = int(argv[1]), int(argv[2])
+
+    def setup_failed(what):
+        write(res_fd, b"viasd-sandbox-setup-failed: %s (errno %d)\n" % (what, ctypes.get_errno()))
+        exit_(125)
+
     for lim, val in zip((resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE,
-                         resource.RLIMIT_CPU, resource.RLIMIT_NOFILE), lims):
+                         resource.RLIMIT_CPU, resource.RLIMIT_NOFILE), map(int, argv[3:8])):
         if val >= 0:
             resource.setrlimit(lim, (val, val))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # no_new_privs (a filter needs it), then not dumpable: /proc/self/mem and the like
+    # become root's, and the filter keeps it so.
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(4, 0, 0, 0, 0):
+        setup_failed(b"prctl")
+    if argv[9] != "-":
+        bpf = bytes.fromhex(argv[9])
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+        if libc.prctl(22, 2, ctypes.byref(Prog(len(bpf) // 8, bpf)), 0, 0):  # PR_SET_SECCOMP, filter
+            setup_failed(b"loading the seccomp filter")
     if argv[8] == "1":
         def no_net(event, args):
             if event.startswith("socket.") and event != "socket.gethostname":
                 raise PermissionError("network access is disabled in the sandbox")
         sys.addaudithook(no_net)
+    src = {}
+    for stage in ("program", "checks"):  # both read now: the program may rewrite files
+        with open(stage + ".py", "rb") as f:
+            src[stage] = f.read().decode("utf-8")
     sys.argv = ["program.py"]
+    keep = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_."
+    not_name = bytes(c for c in range(256) if c not in keep)
+    checks_builtins = dict(builtins.__dict__)
+    tools = tuple(range(6))
     g = {"__name__": "__candidate__", "__builtins__": builtins}
-    sources = {}
-    for stage in ("program", "checks"):  # both read before anything runs: the program may rewrite files
-        with open(stage + ".py", encoding="utf-8") as f:
-            sources[stage] = f.read()
+    write(res_fd, b"ready\n")
+    stage = b"program"
     try:
-        for stage in ("program", "checks"):
-            exec(compile(sources[stage], stage + ".py", "exec"), g)
-        verdict = key + b" passed"
-    except BaseException as e:
+        exec_(compile_(src["program"], "program.py", "exec"), g)
+        stage = b"checks"
+        g["__builtins__"] = checks_builtins
+        exec_(compile_(src["checks"], "checks.py", "exec"), g)
+        record = b" passed\n"
+    except Base as e:
         try:
-            what = type(e).__name__
-        except BaseException:
-            what = "exception"
-        verdict = ("failed %s in the %s" % (what, stage)).encode("ascii", "replace")
+            name = encode(name_of(type_(e)), "ascii", "replace").translate(None, not_name)[:80]
+        except Base:
+            name = b""
+        record = b" failed " + stage + b" " + (name or b"Exception") + b"\n"
         try:
-            traceback.print_exc()
-        except BaseException:
+            sys.stderr = stderr
+            print_exc(type_(e), e, e.__traceback__)
+        except Base:
             pass
     try:
-        write(res_fd, verdict)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        try:
+            stdout.flush()
+            stderr.flush()
+        except Base:
+            pass
+        # No more of the program's code in this thread; only now does the key leave its pipe.
+        block(SIG_BLOCK, all_signals)
+        settrace(None)
+        setprofile(None)
+        gc_disable()
+        if set_events is not None:
+            for tool in tools:
+                try:
+                    set_events(tool, 0)
+                except Base:
+                    pass
+        write(res_fd, read(key_fd, 32) + record)
     finally:
         exit_(0)
 _viasd_driver(__import__("sys").argv)
@@ -72,11 +123,12 @@ _viasd_driver(__import__("sys").argv)
 # cgroup, lower the IPC limits, mount private tmpfs over the world-writable directories,
 # copy the program into /tmp/work, then run the driver as the fresh uid without
 # capabilities. sh stays PID 1 (a program that kills itself must not be PID 1); when it
-# exits, the kernel kills whatever is left. $1 uid, $2 tmpfs size, $3 IPC byte limit, $4
-# cgroup.procs files (space separated, may be empty); the rest is the command.
+# exits, the kernel kills whatever is left. $1 result fd (setup failures go there), $2 uid,
+# $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files (space separated, may be empty);
+# the rest is the command.
 STAGE = r"""
-fail() { echo "viasd-sandbox-setup-failed: $*" >&2; exit 125; }
-uid=$1; size=$2; ipc=$3; cgs=$4; shift 4
+res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; shift 5
+fail() { echo "viasd-sandbox-setup-failed: $*" > "/proc/self/fd/$res"; exit 125; }  # dash: fds > 9
 for f in $cgs; do echo 0 > "$f" || fail "join cgroup $f"; done
 echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel/shmall &&
   echo 4 > /proc/sys/kernel/shmmni && echo 4 > /proc/sys/kernel/msgmni &&
@@ -111,9 +163,12 @@ def minimal_env(home: str) -> dict[str, str]:
     }
 
 
-def namespace_prefix(uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]) -> list[str]:
+def namespace_prefix(
+    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]
+) -> list[str]:
     """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode."""
     return [
         "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
-        "sh", "-c", STAGE, "viasd-sandbox", str(uid), f"{tmpfs_mb}m", str(ipc_bytes), " ".join(cgroup_procs),
+        "sh", "-c", STAGE, "viasd-sandbox", str(res_fd), str(uid), f"{tmpfs_mb}m", str(ipc_bytes),
+        " ".join(cgroup_procs),
     ]  # fmt: skip

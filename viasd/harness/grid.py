@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
 from viasd.harness.dryrun import dry_run
+from viasd.harness.prereq import check_ready
 from viasd.harness.runner import run, run_kl, run_search
 from viasd.methods.api import method_config
 from viasd.paths import PROJECT_ROOT
@@ -95,7 +96,10 @@ def run_cell(cfg: DictConfig) -> dict[str, Any]:
 
 def check_prerequisites(cells: list[DictConfig]) -> None:
     """Raise the first ConfigError any cell would hit before decoding: its method config (type
-    and range checks) and its task's data (each distinct task config is loaded once)."""
+    and range checks), its slim verifier's DIMR mask and its task's preflight (sandbox)
+    (:func:`~viasd.harness.prereq.check_ready`), and its task's data (each distinct task config
+    is loaded once)."""
+    check_ready(cells)
     seen: set[str] = set()
     for cfg in cells:
         if OmegaConf.select(cfg, "exp.entry", default="run") == "run":

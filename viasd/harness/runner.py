@@ -28,9 +28,12 @@ from viasd.config import GenerationConfig, to_dataclass
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.engine.result import DecodeResult
 from viasd.errors import RunInterrupted
-from viasd.harness.config import drop_unset
+from viasd.harness.config import drop_unset, unpin_local_hub
+from viasd.harness.prereq import require_mask
 from viasd.methods.api import METHODS, decode, method_config, warm_up
+from viasd.models.pairs import MASK_OPTIONS, store_name
 from viasd.paths import data_dir
+from viasd.tasks.loading import resolve_source
 from viasd.tracking.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
 from viasd.tracking.wandb_logger import WandbLogger, labels_for, upload_finished
@@ -108,7 +111,8 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     if slim is not None and isinstance(slim.get("mask"), str):
         mask = slim.mask
         if mask == "auto":
-            files["method.slim.mask"] = mask_path(str(cfg.pair.name), float(slim.get("keep_ratio", 0.5)),
+            name = store_name(OmegaConf.to_container(cfg.pair, resolve=True))  # pair=hf: hf-<checkpoint>
+            files["method.slim.mask"] = mask_path(name, float(slim.get("keep_ratio", 0.5)),
                                                   str(slim.get("objective", "kl")))
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
@@ -140,15 +144,22 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
 
     Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files` and of a
     pair-shipped slim mask (:func:`shipped_mask_input`), so an edited prompt/data/mask gives a new
-    run id (KL runs: the mask only); ``pair.options.slim_layers`` itself is left out; leaves out
-    the keys the config schemas add
-    at their unset value (:func:`~viasd.harness.config.drop_unset`), so older run ids stay valid.
+    run id (KL runs: the mask only); the pair's slim-verifier options themselves
+    (``pair.options.slim_layers`` / ``slim_fallback``) are left out; leaves out the keys the config
+    schemas add at their unset value (:func:`~viasd.harness.config.drop_unset`), and a run that reads
+    its task's offline file records a hub revision pinned after it as ``main``
+    (:func:`~viasd.harness.config.unpin_local_hub`), so older run ids stay valid.
     """
     resolved = drop_unset(OmegaConf.to_container(cfg, resolve=True))
     entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
     options = (resolved.get("pair") or {}).get("options")
     if isinstance(options, dict):  # shipped masks are inputs of the methods that read them, not the pair's
-        options.pop("slim_layers", None)
+        for key in MASK_OPTIONS:
+            options.pop(key, None)
+    task = cfg.get("task")
+    if task is not None and task.get("hub") and \
+            resolve_source(task.get("source", "auto"), task.get("offline_file"), task.hub, str(task.name)) == "local":
+        unpin_local_hub(resolved)
     if entry in ("run", "kl"):
         inputs = {k: _sha(p) for k, p in input_files(cfg).items()}
         inputs.update(shipped_mask_input(cfg, inputs))
@@ -205,6 +216,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     mcfg = method_config(method_name, cfg.method)  # validates before anything expensive
     task = build_task(cfg.task)
     task.preflight()  # e.g. code tasks refuse now, not after generation, when no sandbox is available
+    require_mask(cfg)  # mask: auto with no searched mask refuses now, before any model is loaded
     gen_cfg = OmegaConf.to_container(cfg.generation, resolve=True)
     if gen_cfg.get("max_new_tokens") is None:
         gen_cfg["max_new_tokens"] = int(task.max_new_tokens)
@@ -226,6 +238,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     meta = {"inputs": {k: {"path": str(p), "sha256": resolved["inputs"][k]} for k, p in files.items()},
             "data_dir": str(data) if data else None, "threads": torch.get_num_threads(),
             "runtime": pair.extras.get("runtime", {})}
+    hub = task.hub_record()  # the commit and file hashes the hub path read (a branch may move)
+    if hub is not None:
+        meta["task_hub"] = hub
     # Examples an interrupted attempt at this run finished are kept, not decoded again (same run
     # id = same config and inputs); only the prefix in task order is reused.
     earlier = store.partial_examples(run_id)
@@ -359,6 +374,7 @@ def run_kl(cfg: DictConfig) -> dict[str, Any]:
     slim_node = OmegaConf.to_container(cfg.method, resolve=True).get("slim", {}) if "method" in cfg else {}
     slim_cfg = to_dataclass(SlimConfig, slim_node)
     calib = list(cfg.search.calibration)
+    require_mask(cfg)
     resolved = identity(cfg, "kl")
     done = _finished(cfg, resolved)
     if done is not None:

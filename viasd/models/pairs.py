@@ -33,6 +33,11 @@ PAIR_LOADERS: Registry = Registry("pair loader")
 PAIR_LOADERS.register_lazy("smollm2", "viasd.distill.pair:load_smollm2_pair")
 PAIR_CONF_DIR = PROJECT_ROOT / "conf" / "pair"
 
+#: ``pair.options`` keys that configure the slim verifier, not the models (every loader leaves them to
+#: :func:`load_pair`, which copies them to ``ModelPair.extras``): shipped DIMR masks by keep ratio and the
+#: ablation ``slim.mask: auto`` may fall back to (:func:`viasd.dimr.masks.mask_source`).
+MASK_OPTIONS = ("slim_layers", "slim_fallback")
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
@@ -176,15 +181,33 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
             m.eval()
             apply_backend(m, backend)
     pair.extras["runtime"] = {"dtype": cfg.dtype, "backend": backend, "dtype_probe": probe}
+    pair.extras.update({k: cfg.options[k] for k in MASK_OPTIONS if cfg.options.get(k) is not None})
     return pair
+
+
+def model_options(cfg: PairConfig) -> dict[str, Any]:
+    """``cfg.options`` without the slim-verifier keys (:data:`MASK_OPTIONS`): what a loader builds from."""
+    return {k: v for k, v in dict(cfg.options).items() if k not in MASK_OPTIONS}
+
+
+def store_name(cfg: PairConfig | dict) -> str:
+    """The name runs and DIMR masks of a pair are stored under: ``cfg.name``, except ``pair=hf``,
+    which names one checkpoint ``hf-<target folder or .gguf file name>``."""
+    name = cfg.name if isinstance(cfg, PairConfig) else str(cfg.get("name"))
+    if name != "hf":
+        return name
+    cfg = cfg if isinstance(cfg, PairConfig) else pair_config(cfg)
+    if cfg.target is None or not cfg.target.id:
+        return name
+    path = cfg.target.id + (f"/{cfg.target.gguf_file}" if cfg.target.gguf_file else "")
+    return "hf-" + Path(path.rstrip("/")).name
 
 
 @PAIR_LOADERS.register("tiny")
 def _load_tiny(cfg: PairConfig) -> ModelPair:
     from viasd.models.tiny import build_tiny_pair
 
-    opts = dict(cfg.options)
-    draft, target, tok = build_tiny_pair(cfg.family, seed=cfg.seed, **opts)
+    draft, target, tok = build_tiny_pair(cfg.family, seed=cfg.seed, **model_options(cfg))
     return ModelPair(name=cfg.name, target=target, draft=draft, tokenizer=tok)
 
 
@@ -312,9 +335,7 @@ def _load_hf(cfg: PairConfig) -> ModelPair:
         models[role].config._name_or_path = spec.id + (f"/{spec.gguf_file}" if spec.gguf_file else "")
     check_tokenizers(toks, {r: models[r].config._name_or_path for r in models})
     widen_heads(list(models.values()))
-    name = cfg.name
-    if name == "hf":  # one run-store / mask-cache name per target checkpoint
-        name = "hf-" + Path(models["target"].config._name_or_path.rstrip("/")).name
+    name = store_name(cfg)  # pair=hf: one run-store / mask-cache name per target checkpoint
     intermediate = models.get("draft") if intermediate_is_draft(cfg) else models.get("intermediate")
     return ModelPair(name=name, target=models["target"], draft=models.get("draft"), tokenizer=toks["target"],
                      intermediate=intermediate)
@@ -328,7 +349,7 @@ def local_path(p: str | Path) -> Path:
 def _load_gguf_index(cfg: PairConfig) -> ModelPair:
     """Real models from the package index, named by spec (``pair.target.id`` etc., see
     :data:`viasd.models.gguf_index.INDEX_MODELS`); draft and intermediate are optional and must
-    tokenize exactly like the target. ``options.slim_layers`` ships DIMR masks.
+    tokenize exactly like the target. ``options.slim_layers`` ships DIMR masks (see :data:`MASK_OPTIONS`).
     """
     from viasd.models.gguf_index import check_same_tokenizer, load_index_model
 
@@ -347,7 +368,5 @@ def _load_gguf_index(cfg: PairConfig) -> ModelPair:
             model.config._name_or_path = f"{spec.id} (GGUF from the package index)"
             models[role] = model
     target.config._name_or_path = f"{cfg.target.id} (GGUF from the package index)"
-    slim_layers = dict(cfg.options).get("slim_layers")
-    extras = {"slim_layers": slim_layers} if slim_layers else {}
     return ModelPair(name=cfg.name, target=target, draft=models["draft"], tokenizer=tok,
-                     intermediate=models["intermediate"], extras=extras)  # fmt: skip
+                     intermediate=models["intermediate"])  # fmt: skip

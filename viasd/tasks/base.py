@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
 from viasd.registry import Registry
-from viasd.tasks.loading import load_rows, resolve_source, subset_rank
+from viasd.tasks.loading import load_rows, resolve_hub, resolve_source, subset_rank
 from viasd.tasks.metrics import load_metric
 
 __all__ = ["Example", "Task", "TASKS", "TASK_CONF", "build_task", "common_keys", "task_defaults"]
@@ -163,8 +163,10 @@ class Task:
         """What this task reads: ``local`` or ``hub`` (``auto`` resolved, see :func:`resolve_source`)."""
         return resolve_source(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name)
 
-    def preflight(self) -> None:
-        """Raise a one-line ConfigError before any generation if this task could not be scored here."""
+    def preflight(self) -> str | None:
+        """Raise a one-line ConfigError before any generation if this task could not be scored here;
+        else a short line saying what was checked (None: nothing to check)."""
+        return None
 
     def load_rows(self) -> list[dict[str, Any]]:
         """All rows of the configured source, in the offline files' field layout."""
@@ -172,6 +174,13 @@ class Task:
         if self.source() == "hub":
             rows = [self.normalize_hub_row(r) for r in rows]
         return rows
+
+    def hub_record(self) -> dict[str, Any] | None:
+        """What the hub path read — ``{path, revision, commit, files: {name: sha256}}``
+        (:func:`~viasd.tasks.loading.resolve_hub`) — or None when the task reads its offline file."""
+        if self.source() != "hub" or not (self.cfg["hub"] or {}).get("files"):
+            return None
+        return resolve_hub(self.cfg["hub"], self.name, self.cfg["hub_root"])
 
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         """Map a hub row to the field layout of the offline file (identity by default)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from viasd.errors import ConfigError
 from viasd.tasks.base import TASKS, Example, Task
-from viasd.tasks.sandbox import require_isolation
+from viasd.tasks.sandbox import require_isolation, sandbox_mode
 
 __all__ = ["HumanEvalTask", "MbppTask", "extract_code_block"]
 
@@ -32,13 +32,18 @@ class _CodeTask(Task):
     key_field = "task_id"
     options = ("timeout_s", "memory_mb", "workers", "unsafe_exec")  # the sandbox's, per program
 
-    def preflight(self) -> None:
+    def preflight(self) -> str:
         """Raise a one-line ConfigError now if generated code could not be executed at scoring time.
 
         Refuses when the sandbox is unavailable here, unless ``unsafe_exec: true`` or
         ``VIASD_UNSAFE_EXEC=1`` waives it (see :func:`viasd.tasks.sandbox.require_isolation`).
+        Returns how generated code will run: ``sandbox: namespace`` or ``sandbox: unsafe (waived)``.
         """
-        require_isolation(bool(self.cfg["unsafe_exec"]))
+        unsafe = bool(self.cfg["unsafe_exec"])
+        require_isolation(unsafe)
+        mode = sandbox_mode(unsafe)
+        return f"sandbox: {mode}" + (" (isolation unavailable, waived: generated code runs unsandboxed)"
+                                     if mode == "unsafe" else " (isolated)")
 
     def postprocess(self, text: str) -> str:
         """The code in the first fenced block if there is one, else the text cut at the stop strings.

@@ -1,0 +1,126 @@
+"""What the cells of a grid need before the first one starts, decided once from their configs.
+
+* **The slim verifier's mask** of every cell that routes one (``via_sd`` runs, KL cells):
+  :func:`cell_mask_source` says where it comes from (searched artifact, shipped layer list,
+  the pair's named fallback, an explicit ablation or layer list, a mask file) without loading
+  anything. ``mask: auto`` with none of those is a *search to run*: the grid stops before its
+  first cell with the command that searches the mask (at ``scale=paper``, that pair's
+  ``table1`` cell) rather than decode with a slim verifier nobody asked for.
+* **Every task's** ``preflight()`` (the code tasks' sandbox check), called once per distinct
+  task config (:func:`task_preflights`).
+
+Why the grid stops instead of running the search as a first cell: a search is a job of its
+own (paper scale: 18–68 min and the target's full memory per pair and budget), launchers
+(joblib, SLURM) start a multirun's jobs in parallel with no order between them, and the search
+already is a cached, logged, resumable grid (``+exp=table1``). The dry run prints the same
+facts per cell; :func:`check_ready` raises them as one ConfigError line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from viasd.config import to_dataclass
+from viasd.dimr.masks import MaskSource, mask_source, no_mask_error
+from viasd.errors import ConfigError
+from viasd.methods.via_sd import SlimConfig
+from viasd.models.pairs import store_name
+from viasd.tasks import build_task
+
+__all__ = ["Preflight", "cell_mask_source", "require_mask", "missing_masks", "task_preflights", "not_ready",
+           "check_ready"]
+
+
+def _slim_node(cfg: DictConfig) -> DictConfig | None:
+    entry = OmegaConf.select(cfg, "exp.entry", default="run")
+    if entry == "search":
+        return None
+    return OmegaConf.select(cfg, "method.slim", default=None)
+
+
+def cell_mask_source(cfg: DictConfig) -> MaskSource | None:
+    """Where a composed cell's slim-verifier mask comes from (None: the cell routes no slim verifier)."""
+    node = _slim_node(cfg)
+    if node is None:
+        return None
+    slim = to_dataclass(SlimConfig, OmegaConf.to_container(node, resolve=True), where="method.slim")
+    pair = OmegaConf.to_container(cfg.pair, resolve=True)
+    name = store_name(pair)
+    target_id = (pair.get("target") or {}).get("id")
+    search_pair = f"hf pair.target.id={target_id}" if pair.get("name") == "hf" else name
+    return mask_source(name, pair.get("options"), slim, OmegaConf.select(cfg, "exp.scale"), search_pair)
+
+
+def require_mask(cfg: DictConfig) -> None:
+    """Raise the one-line ConfigError naming the search command when a cell's ``mask: auto`` has
+    nothing to read (called by the runner before any model is loaded)."""
+    src = cell_mask_source(cfg)
+    if src is not None and src.kind == "search":
+        slim = to_dataclass(SlimConfig, OmegaConf.to_container(cfg.method.slim, resolve=True), where="method.slim")
+        raise no_mask_error(store_name(OmegaConf.to_container(cfg.pair, resolve=True)), slim, src)
+
+
+def missing_masks(cells: list[DictConfig]) -> dict[str, int]:
+    """``{search command: cells waiting for it}`` of the cells whose ``mask: auto`` has nothing to read."""
+    need: dict[str, int] = {}
+    for cfg in cells:
+        src = cell_mask_source(cfg)
+        if src is not None and src.kind == "search":
+            need[src.detail] = need.get(src.detail, 0) + 1
+    return need
+
+
+@dataclass
+class Preflight:
+    """One distinct task config's preflight: the tasks it covers, what it checked, or why it refused."""
+
+    tasks: list[str]
+    result: str | None = None
+    error: str | None = None
+
+
+def task_preflights(cells: list[DictConfig]) -> list[Preflight]:
+    """``preflight()`` of every distinct task config of the decoding cells, once each."""
+    seen: dict[str, Preflight] = {}
+    for cfg in cells:
+        if OmegaConf.select(cfg, "exp.entry", default="run") != "run":
+            continue
+        key = OmegaConf.to_yaml(cfg.task)
+        if key in seen:
+            continue
+        task = build_task(cfg.task)
+        check = Preflight([task.name])
+        try:
+            check.result = task.preflight()
+        except ConfigError as e:
+            check.error = str(e)
+        seen[key] = check
+    merged: dict[tuple, Preflight] = {}  # one line per outcome, naming every task it covers
+    for check in seen.values():
+        got = merged.setdefault((check.result, check.error), Preflight([], check.result, check.error))
+        got.tasks += [t for t in check.tasks if t not in got.tasks]
+    return list(merged.values())
+
+
+def not_ready(cells: list[DictConfig], preflights: list[Preflight] | None = None) -> str | None:
+    """The one-line reason the grid would stop before its first cell, or None when it can start."""
+    problems = []
+    for check in preflights if preflights is not None else task_preflights(cells):
+        if check.error:
+            problems.append(f"{', '.join(check.tasks)}: {check.error}")
+    need = missing_masks(cells)
+    if need:
+        n = sum(need.values())
+        cmds = "; ".join(f"`{c}`" for c in need)
+        problems.append(f"{n} cell(s) use method.slim.mask=auto but no DIMR mask was searched for their pair and "
+                        f"budget; search first: {cmds} (or ask for an ablation, e.g. method.slim.mask=every_other)")
+    return " | ".join(problems) or None
+
+
+def check_ready(cells: list[DictConfig]) -> None:
+    """Raise one ConfigError line when a cell could not start: a missing DIMR mask or a refused preflight."""
+    why = not_ready(cells)
+    if why:
+        raise ConfigError(why)

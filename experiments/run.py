@@ -6,9 +6,11 @@ grid callback (:mod:`viasd.harness.grid`) checks prerequisites once first and su
 end (finished runs are skipped). Otherwise :func:`viasd.harness.runner.run` runs one
 configuration. ``dry_run=true`` prints what every cell would load, read and need
 (:mod:`viasd.harness.dryrun`) and runs nothing. Every user-facing failure is one line on stderr:
-configuration errors (exit status 2; in a grid the cell is reported and the others still run)
-and Ctrl-C (status 130, naming the partial run folder, which stays unfinished and is redone by
-the next identical command). ``exp.scale=S`` is accepted as the old spelling of ``scale=S``.
+the command line itself, checked before Hydra composes it (:mod:`viasd.harness.cli`: a config
+group typo gets "Did you mean", a value of the wrong type names its key), configuration errors
+(exit status 2; in a grid the cell is reported and the others still run) and Ctrl-C (status
+130, naming the partial run folder, which stays unfinished and is redone by the next identical
+command). ``exp.scale=S`` is accepted as the old spelling of ``scale=S``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from viasd.errors import ConfigError, RunInterrupted
+from viasd.harness.cli import check_argv
 from viasd.harness.dryrun import dry_run_main
 from viasd.harness.grid import cell_label, run_cell
 
@@ -65,8 +68,10 @@ def old_spelling(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv = old_spelling(sys.argv)
+    check_argv()  # config typos and wrong types: one line, before Hydra composes anything
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config
-        print("interrupted before a run folder was opened; nothing was written", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config, or a grid's launcher waits for its cells
+        print("interrupted: finished runs are kept; an unfinished one is resumed by the next identical command",
+              file=sys.stderr)
         sys.exit(130)

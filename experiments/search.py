@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from viasd.errors import one_line_errors
+from viasd.harness.cli import check_argv
 from viasd.harness.runner import run_search
 
 
@@ -21,4 +22,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_argv()  # config typos and wrong types: one line, before Hydra
     main()

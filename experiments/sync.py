@@ -4,7 +4,9 @@ Uploads every finished run of the local run store to Weights & Biases, with the 
 job_type / tags / summary / per-example history / run-id artifact a live run logs. Without
 credentials (or with ``--mode offline``) it writes offline runs under ``<runs>/wandb/`` that
 ``wandb sync <runs>/wandb/offline-run-*`` pushes later. A run folder already uploaded
-(``wandb.json``) is skipped unless ``--force``.
+(``wandb.json`` finished) is skipped unless ``--force``; one whose live W&B logging stopped midway
+(``wandb.json`` started) is uploaded again *in place of* that partial W&B run (same W&B id, the
+partial offline folder removed), never beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 
 from viasd.paths import runs_dir
 from viasd.tracking.store import RunStore
-from viasd.tracking.wandb_logger import has_credentials, upload_finished
+from viasd.tracking.wandb_logger import has_credentials, upload_finished, wandb_record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     tracking = {"store_dir": str(store.root),
                 "wandb": {"mode": mode, "project": args.project, "entity": args.entity, "tags": []}}
     runs = list(store.finished_runs())
+    partial = sum(wandb_record(r["path"]).get("state") == "started" for r in runs)
     done = sum(upload_finished(tracking, r["path"], force=args.force) for r in runs)
     print(f"[viasd] {done} of {len(runs)} finished runs logged to W&B ({mode}); "
           f"{len(runs) - done} skipped (uploaded before: --force to redo)")
+    if partial:
+        print(f"[viasd] {partial} of them replaced the partial W&B run left when W&B stopped during the run")
     if mode == "offline" and done:
         print(f"[viasd] push them later with: wandb sync {store.root / 'wandb'}/offline-run-*")
     return 0

@@ -23,6 +23,14 @@ from viasd.errors import ConfigError
 T = TypeVar("T")
 
 
+def unknown_name(kind: str, name: str, known: list[str], kinds: str | None = None) -> ConfigError:
+    """The one-line error for an unknown ``kind`` called ``name``: the closest of ``known`` and all of
+    them (``kinds``: the plural, default ``<kind>s``). Registries and config-group typos both use it."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown {kind} {name!r}.{hint} Known {kinds or kind + 's'}: {', '.join(known)}")
+
+
 class Registry(Generic[T]):
     """A named collection of objects with a ``register`` decorator.
 
@@ -99,10 +107,7 @@ class Registry(Generic[T]):
                 raise RuntimeError(f"{self.kind} {name!r}: importing {module!r} did not register it")
         if name in self._items:
             return self._items[name]
-        known = self.names()
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(known)}")
+        raise unknown_name(self.kind, str(name), self.names())
 
     def __contains__(self, name: object) -> bool:
         return name in self._items or name in self._lazy or name in self._aliases

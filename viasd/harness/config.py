@@ -13,7 +13,10 @@ Schemas (config group / name):
 * ``method/base_<name>`` for every built-in method: its config class plus the ``name`` key;
 * ``drafter/base_drafter``: :class:`~viasd.engine.drafters.DrafterConfig`, extended by
   ``conf/drafter/{model,ngram,hybrid,self,cascade}.yaml``;
-* ``generation/base_generation``: :class:`~viasd.config.GenerationConfig`.
+* ``generation/base_generation``: :class:`~viasd.config.GenerationConfig`;
+* ``base_config``: :class:`RunConfig`, the schema of ``conf/config.yaml`` itself: its top-level
+  scalars (``seed``, ``dry_run``, ``threads``) are typed, so ``seed=abc`` fails at compose time,
+  before a model loads or a run folder opens; the groups under it keep their own schemas.
 
 Importing :mod:`viasd.harness` registers them (before any composition of ``conf/config.yaml``).
 
@@ -40,6 +43,8 @@ IDENTITY_UNSET: dict[str, Any] = {
     "generation.stop_strings": [],
     "generation.eos_token_ids": None,
     "method.drafter.lookup_min": None,
+    "exp": None,  # RunConfig's node for +exp=NAME; a single run has none
+    "task.truncate": None,  # over-long prompts are refused (viasd.tasks.length)
 }
 
 
@@ -63,6 +68,23 @@ def unpin_local_hub(resolved: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+@dataclasses.dataclass
+class RunConfig:
+    """Schema of ``conf/config.yaml``: the typed top-level scalars and one node per config group
+    (each group's node is typed by its own schema, or not at all)."""
+
+    seed: int = 0
+    dry_run: bool = False
+    threads: int | None = 1
+    pair: Any = None
+    method: Any = None
+    task: Any = None
+    tracking: Any = None
+    search: Any = None
+    generation: Any = None
+    exp: Any = None
+
+
 def drop_unset(resolved: dict[str, Any]) -> dict[str, Any]:
     """``resolved`` (a resolved config dict, changed in place) without the :data:`IDENTITY_UNSET` keys
     that hold their unset value."""
@@ -84,8 +106,9 @@ def method_schema(name: str) -> type:
 
 
 def register_configs() -> None:
-    """Store the method, drafter and generation schemas in Hydra's ConfigStore."""
+    """Store the top-level, method, drafter and generation schemas in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
+    cs.store(name="base_config", node=RunConfig)
     for name in BUILTIN:
         cs.store(group="method", name=f"base_{name}", node=method_schema(name))
     cs.store(group="drafter", name="base_drafter", node=DrafterConfig)

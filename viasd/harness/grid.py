@@ -9,14 +9,20 @@ expands them; a command-line value for a swept key replaces the exp's values for
 ``hydra/launcher=viasd_slurm`` sends the same jobs to a cluster.
 
 :class:`GridCallback` (configured in ``conf/config.yaml``) checks the cells' prerequisites once
-before the first job (one error line, exit status 2), prints the plan of every cell and exits
+before the first job (one error line, exit status 2; any failure of the check itself too, where
+Hydra would only warn and run every cell unchecked), prints the plan of every cell and exits
 for ``dry_run=true``, numbers the jobs, and ends with a summary (exit status 1 when a cell
-failed; a failing cell never stops the others). Finished runs (same resolved config) are skipped
-by the runner, so a killed grid resumes where it stopped.
+failed; a failing cell never stops the others). A cell counts as done only when its run is
+finished in the run store, so the summary is true under any launcher, also one that runs cells
+in processes of their own (``submitit_local``, ``viasd_local``, SLURM) whose failures the grid
+process never sees. Cells in local processes of their own decode a bounded number at a time and
+stop when the grid process dies (:mod:`viasd.harness.launchers`). Finished runs (same resolved
+config) are skipped by the runner, so a killed grid resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,19 +35,20 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from viasd.errors import ConfigError
+from viasd.harness.cli import CONF_DIR, hydra_error_line
 from viasd.harness.dryrun import dry_run
+from viasd.harness.launchers import ENV_LOCK, GridLock, in_cell_process, take_slot, watch_grid
 from viasd.harness.prereq import check_ready
-from viasd.harness.runner import run, run_kl, run_search
+from viasd.harness.runner import identity, run, run_kl, run_search
 from viasd.methods.api import method_config
-from viasd.paths import PROJECT_ROOT
 from viasd.tasks import build_task
-
-CONF_DIR = PROJECT_ROOT / "conf"
+from viasd.tracking.store import RunStore, run_id_for
 
 __all__ = ["CONF_DIR", "exp_names", "exp_file", "sweep_overrides", "exp_cells", "compose_cells", "run_cell",
-           "check_prerequisites", "cell_label", "GridCallback"]
+           "check_prerequisites", "cell_label", "cell_names", "cell_finished", "GridCallback"]
 
 
 def exp_names() -> list[str]:
@@ -71,7 +78,8 @@ def exp_cells(overrides: list[str]) -> list[tuple[list[str], DictConfig]]:
         fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
                  if not o.is_sweep_override()]  # the sweep itself cannot compose; its sweeper params can
         top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
-        params = OmegaConf.to_container(top.hydra.sweeper.params, resolve=True) or {}
+        params = OmegaConf.select(top, "hydra.sweeper.params", default=None)  # None: a plain -m sweep
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
         return [(job, compose(config_name="config", overrides=job)) for job in sweep_overrides(params, overrides)]
 
     if GlobalHydra.instance().is_initialized():
@@ -120,6 +128,32 @@ def cell_label(cfg: DictConfig) -> str:
     return f"{cfg.pair.name}/{OmegaConf.select(cfg, 'method.name')}/{OmegaConf.select(cfg, 'task.name')}"
 
 
+def cell_names(cells: list[tuple[list[str], DictConfig]]) -> list[str]:
+    """:func:`cell_label` of every ``(job overrides, config)`` of :func:`exp_cells`, plus the job's
+    overrides that tell it apart from the other cells of the same label (``[method.gamma=4]``)."""
+    labels = [cell_label(cfg) for _, cfg in cells]
+    names = []
+    for (job, _), label in zip(cells, labels):
+        same = [j for (j, _), other in zip(cells, labels) if other == label]
+        differ = [o for o in job if not all(o in j for j in same)]
+        names.append(f"{label} [{' '.join(differ)}]" if len(same) > 1 and differ else label)
+    return names
+
+
+def cell_finished(cfg: DictConfig) -> bool:
+    """Whether the run of a composed cell is finished in its run store (what the runner skips)."""
+    entry = OmegaConf.select(cfg, "exp.entry", default="run")
+    return RunStore(cfg.tracking.store_dir).is_finished(run_id_for(identity(cfg, entry)))
+
+
+def _slots(config: DictConfig) -> int:
+    """Cells decoding at once in processes of their own: ``hydra.launcher.max_parallel`` when the
+    launcher has it, else the cores this process may use divided by ``threads``."""
+    cap = OmegaConf.select(config, "hydra.launcher.max_parallel", default=None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(cap) if cap else max(1, cores // max(1, int(config.get("threads") or 1)))
+
+
 def _fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -127,46 +161,70 @@ def _fail(msg: str) -> None:
 
 class GridCallback(Callback):
     """Hydra callback around every multirun (an exp or a ``-m`` sweep): prerequisites and dry
-    run before the first job, job numbering, and the closing summary."""
+    run before the first job, job numbering, decode slots and the grid watch in cells of their
+    own process, and the closing summary read from the run store."""
 
     def __init__(self) -> None:
-        self.name, self.total, self.failures = "sweep", 0, []
+        self.name, self.total, self.failures = "sweep", 0, set()
+        self.cells: list[tuple[list[str], DictConfig]] = []
+        self.grid: GridLock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a launcher pickles the callbacks into each job: not the lock
+        return {**self.__dict__, "grid": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.name = str(OmegaConf.select(config, "exp.name", default="sweep"))
-        self.failures = []
+        self.failures = set()  # job numbers this process saw fail (a launcher's own processes: none)
         overrides = list(config.hydra.overrides.task)
         try:
-            cells = [cfg for _, cfg in exp_cells(overrides)]
+            self.cells = exp_cells(overrides)
             if config.get("dry_run"):
-                dry_run(cells, self.name)
+                dry_run([cfg for _, cfg in self.cells], self.name)
                 sys.exit(0)
-            check_prerequisites(cells)
+            check_prerequisites([cfg for _, cfg in self.cells])
         except ConfigError as e:
             _fail(str(e))
-        except HydraException as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            _fail(f"exp {self.name!r}: a cell does not compose: {first}")
-        self.total = len(cells)
+        except (HydraException, OmegaConfBaseException) as e:
+            _fail(f"exp {self.name!r}: a cell does not compose: {hydra_error_line(e)}")
+        except Exception as e:  # Hydra would only warn about it and run every cell unchecked
+            _fail(f"exp {self.name!r}: the start-of-grid check failed ({type(e).__name__}: {e})")
+        self.total = len(self.cells)
+        slots = _slots(config)
+        self.grid = GridLock(slots)
         print(f"[viasd] exp {self.name}: {self.total} runs")
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-        for key in sorted(given & set(config.hydra.sweeper.params or {})):
+        for key in sorted(given & set(OmegaConf.select(config, "hydra.sweeper.params", default=None) or {})):
             print(f"[viasd] command line sets {key}; the exp's values for it are not used")
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if target.endswith("submitit_launcher.LocalLauncher") and self.total > slots:
+            print(f"[viasd] hydra/launcher=submitit_local starts all {self.total} cells at once and {slots} decode at "
+                  "a time; hydra/launcher=viasd_local starts only hydra.launcher.max_parallel")
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         num = OmegaConf.select(config, "hydra.job.num", default=None, throw_on_missing=False)
         if num is None:  # a single run, not a cell of a grid
             return
-        print(f"[viasd] ({num + 1}/{self.total or '?'}) {cell_label(config)}")  # ?: another process
+        print(f"[viasd] ({num + 1}/{self.total or '?'}) {cell_label(config)}", flush=True)  # ?: another process
+        if in_cell_process() and ENV_LOCK in os.environ:  # a launcher's own process: bounded, and tied to the grid
+            watch_grid()
+            take_slot()
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        num = OmegaConf.select(config, "hydra.job.num", default=None, throw_on_missing=False)
         if job_return.status == JobStatus.FAILED or (
                 isinstance(job_return.return_value, dict) and job_return.return_value.get("failed")):
-            self.failures.append(cell_label(config))
+            self.failures.add(int(num))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.failures:
-            print(f"[viasd] exp {self.name}: {len(self.failures)} failed: {', '.join(self.failures)}", file=sys.stderr)
+        if self.grid is not None:
+            self.grid.release()
+        names = cell_names(self.cells)
+        failed = sorted(self.failures | {i for i, (_, cfg) in enumerate(self.cells) if not cell_finished(cfg)})
+        if failed:
+            target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+            logs = f"; job logs: {config.hydra.sweep.dir}/.submitit/" if "submitit" in target else ""
+            print(f"[viasd] exp {self.name}: {len(failed)} of {self.total} runs failed: "
+                  f"{', '.join(names[i] for i in failed if i < len(names))}{logs}", file=sys.stderr)
             sys.exit(1)
         print(f"[viasd] exp {self.name}: all {self.total} runs finished; "
               "build reports with `python -m experiments.report`")

@@ -33,6 +33,7 @@ from viasd.harness.prereq import require_mask
 from viasd.methods.api import METHODS, decode, method_config, warm_up
 from viasd.models.pairs import MASK_OPTIONS, store_name
 from viasd.paths import data_dir
+from viasd.tasks.length import fit_examples
 from viasd.tasks.loading import resolve_source
 from viasd.tracking.baseline import ar_index, matched_ar, speedup, speedup_at_quality, tier_shares
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
@@ -231,6 +232,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return done
     examples = task.examples()
     pair = cached_pair(cfg.pair)
+    examples = fit_examples(task, examples, pair, gen.max_new_tokens)  # over-long prompts: refused or cut, no prefill
     if not gen.stop_strings:
         gen.stop_strings = list(task.stop_strings_for(pair.tokenizer))
     files = input_files(cfg)

@@ -70,6 +70,7 @@ _COMMON: dict[str, Any] = {
     "seed": 0,
     "subset": "id",  # id: seeded subset by stable example id | position: by row position (old files)
     "max_new_tokens": 128,
+    "truncate": None,  # a prompt over the context: None refuses it, left|right cuts it (viasd.tasks.length)
     "stop_strings": [],
     "chat_stop_strings": None,  # None: same as stop_strings
     "system_prompt": None,
@@ -148,6 +149,9 @@ class Task:
         if not isinstance(self.cfg["max_new_tokens"], int) or self.cfg["max_new_tokens"] < 1:
             raise ConfigError(f"task {self.name!r}: max_new_tokens must be a positive integer")
         self.max_new_tokens: int = int(self.cfg["max_new_tokens"])
+        if self.cfg["truncate"] not in (None, "left", "right"):
+            raise ConfigError(f"task {self.name!r}: truncate must be left, right or null (refuse over-long prompts), "
+                              f"got {self.cfg['truncate']!r}")
         self.stop_strings: list[str] = [str(s) for s in (self.cfg["stop_strings"] or [])]
         chat_stops = self.cfg["chat_stop_strings"]
         self.chat_stop_strings: list[str] = (

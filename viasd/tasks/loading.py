@@ -2,7 +2,9 @@
 
 This module owns ``source: auto | local | hub`` (:func:`resolve_source`), loading rows
 through ``datasets`` (:func:`load_rows`, :func:`hub_data_files`; every failure one
-:class:`~viasd.errors.ConfigError` line naming the fix), what the hub path read
+:class:`~viasd.errors.ConfigError` line naming the fix), the check that a local prompt or data
+file is UTF-8 text (:func:`check_text_file`: a binary or undecodable file is named with the
+byte offset of its first bad byte, before anything parses it), what the hub path read
 (:func:`resolve_hub`) and the order-free rank of a row in the seeded example subset
 (:func:`subset_rank`). :class:`viasd.tasks.base.Task` uses it.
 
@@ -17,6 +19,7 @@ resolver is replaceable (:func:`use_hub_resolver`: tests, air-gapped mirrors of 
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import fnmatch
 import hashlib
@@ -32,11 +35,12 @@ from urllib.parse import quote
 from viasd.errors import ConfigError
 from viasd.paths import data_dir, data_file, default_data_dir
 
-__all__ = ["SOURCES", "hub_data_files", "is_commit", "load_rows", "resolve_hub", "resolve_source", "subset_rank",
-           "use_hub_resolver"]
+__all__ = ["SOURCES", "check_text_file", "hub_data_files", "is_commit", "load_rows", "resolve_hub", "resolve_source",
+           "subset_rank", "use_hub_resolver"]
 
 
 SOURCES = ("auto", "local", "hub")
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 _ALIASES = {"offline": "local"}
 
 
@@ -226,14 +230,45 @@ def load_rows(
             )
     else:
         p = data_file(offline_file, task=task_name)
+    if p.suffix.lower() not in _COMPRESSED:  # datasets reads compressed JSON lines itself
+        check_text_file(p, f"task {task_name!r}: data file", "fix or fetch it again (python -m experiments.data)")
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
         ds = datasets.load_dataset("json", data_files=str(p), split="train", cache_dir=_datasets_cache_dir())
+    except Exception as e:  # not JSON lines: one line naming the file, never the builder's traceback
+        cause = e.__cause__ or e
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        raise ConfigError(f"task {task_name!r}: data file {p} is not JSON lines ({type(cause).__name__}: {first}); "
+                          "fix or fetch it again (python -m experiments.data)") from None
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
     return [dict(r) for r in ds]
+
+
+def check_text_file(path: Path, what: str = "data file", fix: str = "") -> None:
+    """Raise a one-line ConfigError unless ``path`` is UTF-8 text: a NUL byte (a binary file) or
+    an undecodable byte is named with its byte offset. Reads the file in 16 MiB chunks."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    fix = f"; {fix}" if fix else ""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 24)
+            pending = len(decoder.getstate()[0])
+            nul = chunk.find(b"\0")
+            if nul != -1:
+                raise ConfigError(f"{what} {path} is binary, not text (NUL byte at byte offset {offset + nul}){fix}")
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                at = offset - pending + e.start
+                raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at byte offset "
+                                  f"{at} cannot be decoded){fix}") from None
+            if not chunk:
+                return
+            offset += len(chunk)
 
 
 def subset_rank(seed: int, key: str) -> str:

@@ -12,7 +12,15 @@ the matched ``ar`` run, ``speedup_at_quality``, rejection rate, full-model calls
 ``metric/*`` quality, ``tier_share/*``); the run folder is an artifact named by the store's
 run id, so re-runs add versions. :func:`upload_finished` replays a finished store run (what
 ``python -m experiments.sync`` and a skipped-but-finished run call); :meth:`WandbLogger.trial_logger`
-is the per-trial hook for the DIMR search. A run folder uploaded once holds ``wandb.json``.
+is the per-trial hook for the DIMR search.
+
+A run folder's ``wandb.json`` records its W&B run (``wandb_id``, ``mode``, the offline folder)
+with ``state: started`` when W&B starts and ``state: finished`` once everything is logged. When
+W&B stops working mid-run (its ``wandb-core`` service killed, the disk full) the run warns once,
+tears W&B down quietly (no traceback at exit) and goes on with the local store; the folder stays
+``started``, and :func:`upload_finished` later *replaces* that partial W&B run: same W&B id, its
+partial offline folder removed first, so ``experiments.sync`` never writes a second offline run
+beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from viasd.tracking.store import method_label
+from viasd.tracking.store import RunStore, method_label
 from viasd.utils.fs import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -53,36 +62,92 @@ def labels_for(resolved: dict[str, Any]) -> dict[str, Any]:
                      str(exp.get("scale") or "adhoc")]}
 
 
+def wandb_record(run_dir: Path) -> dict[str, Any]:
+    """A run folder's ``wandb.json`` ({} when absent or unreadable); ``state`` defaults to finished
+    (folders uploaded before the state was recorded)."""
+    try:
+        rec = json.loads((Path(run_dir) / "wandb.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"state": "finished", **rec} if isinstance(rec, dict) else {}
+
+
+def _drop_partial_offline(store_dir: Path, rec: dict[str, Any]) -> None:
+    """Remove the offline folder of a partial W&B run (``<store>/wandb/offline-run-*-<id>``)."""
+    wid = str(rec.get("wandb_id") or "")
+    if not wid:
+        return
+    for d in (Path(store_dir) / "wandb").glob(f"offline-run-*-{wid}"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
 class WandbLogger:
-    """A guarded W&B run: ``log_run`` and ``finish`` never raise."""
+    """A guarded W&B run: no method raises; the first W&B failure is one warning and ends W&B
+    logging for this run (see the module docstring). ``wandb_id``: continue that W&B run (default:
+    the partial W&B run an earlier attempt at this store run left, whose offline folder goes)."""
 
     def __init__(self, tracking_cfg: Any, resolved: dict[str, Any], run_id: str, group: str = "adhoc",
-                 job_type: str | None = None, tags: list[str] | tuple[str, ...] = ()):
+                 job_type: str | None = None, tags: list[str] | tuple[str, ...] = (), wandb_id: str | None = None):
         wcfg = dict(tracking_cfg.get("wandb", {}) or {})
         self.mode = str(wcfg.get("mode", "disabled"))
         self.run = None
         self.run_id = run_id
         self._best = math.inf
+        store = RunStore(tracking_cfg.get("store_dir", "runs"))
+        self._record = store.path(run_id) / "wandb.json"
         if self.mode == "disabled":
             return
         if self.mode == "online" and not has_credentials():
             warnings.warn("W&B online mode requested but no credentials found (WANDB_API_KEY / `wandb login`); "
                           "logging offline instead — sync later with `wandb sync`", stacklevel=2)
             self.mode = "offline"
+        earlier = wandb_record(self._record.parent)
+        if wandb_id is None and earlier.get("state") == "started":  # W&B stopped in an earlier attempt: replace it
+            wandb_id = earlier.get("wandb_id")
+            _drop_partial_offline(store.root, earlier)
         try:
             import wandb
 
             self.run = wandb.init(
                 project=wcfg.get("project", "viasd"), entity=wcfg.get("entity"), mode=self.mode,
-                name=run_id, id=None, config=resolved, group=group, job_type=job_type or "run",
+                name=run_id, id=wandb_id, resume="allow" if wandb_id and self.mode == "online" else None,
+                config=resolved, group=group, job_type=job_type or "run",
                 tags=list(dict.fromkeys([*tags, *(wcfg.get("tags", []) or [])])),
-                dir=str(Path(tracking_cfg.get("store_dir", "runs")).resolve()), reinit="finish_previous",
+                dir=str(store.root), reinit="finish_previous",
                 settings=wandb.Settings(init_timeout=30, silent=True),
             )
         except Exception as e:  # any W&B failure: keep going with the local store only
             warnings.warn(f"W&B could not start ({e.__class__.__name__}: {e}); continuing with the local run store only",
                           stacklevel=2)
             self.run = None
+            return
+        self._write_record("started")
+
+    @property
+    def next_step(self) -> int:
+        """The history step the W&B run continues at (0 for a new run)."""
+        return int(getattr(self.run, "step", 0) or 0) if self.run is not None else 0
+
+    def _write_record(self, state: str) -> None:
+        if self.run is None or not self._record.parent.is_dir():  # no run folder (yet): nothing to record
+            return
+        try:
+            atomic_write_json(self._record, {"mode": self.mode, "wandb_id": self.run.id, "project": self.run.project,
+                                             "state": state})
+        except OSError as e:
+            self._stop("recording the W&B run", e)
+
+    def _stop(self, what: str, e: BaseException) -> None:
+        """The first W&B failure: one warning, then W&B torn down quietly and left alone for this run."""
+        warnings.warn(f"W&B stopped while {what} ({type(e).__name__}: {e}); the local run store has everything, "
+                      "`python -m experiments.sync` uploads the run later", stacklevel=3)
+        self.run = None
+        try:
+            import wandb
+
+            wandb.teardown()  # unregisters W&B's exit hook first, so a dead service prints no traceback at exit
+        except Exception:  # the service is gone: nothing left to close
+            pass
 
     def log_example(self, step: int, record: dict[str, Any]) -> None:
         """One history step per example: its numeric scalars as ``example/<key>``."""
@@ -93,7 +158,7 @@ class WandbLogger:
         try:
             self.run.log(scalars, step=step)
         except Exception as e:
-            warnings.warn(f"W&B history logging failed ({e})", stacklevel=2)
+            self._stop("logging the history", e)
 
     def trial_logger(self) -> Callable[[dict[str, Any]], None]:
         """A hook ``log(trial)`` for the DIMR search: one history step per trial as it is evaluated.
@@ -113,7 +178,7 @@ class WandbLogger:
             try:
                 self.run.log(row)
             except Exception as e:
-                warnings.warn(f"W&B trial logging failed ({e})", stacklevel=2)
+                self._stop("logging a DIMR trial", e)
 
         return log
 
@@ -138,10 +203,11 @@ class WandbLogger:
                 if (run_dir / f).is_file():
                     art.add_file(str(run_dir / f))
             self.run.log_artifact(art)
-            atomic_write_json(run_dir / "wandb.json", {"mode": self.mode, "wandb_id": self.run.id,
-                                                       "project": self.run.project})
         except Exception as e:
-            warnings.warn(f"W&B logging failed ({e}); the local run store has everything", stacklevel=2)
+            self._stop("logging the run", e)
+            return
+        self._record = run_dir / "wandb.json"
+        self._write_record("finished")
 
     def log_artifact(self, path: Path, name: str, kind: str) -> None:
         """Log one file (e.g. a DIMR mask) as an artifact."""
@@ -154,38 +220,43 @@ class WandbLogger:
             art.add_file(str(path))
             self.run.log_artifact(art)
         except Exception as e:
-            warnings.warn(f"W&B artifact logging failed ({e})", stacklevel=2)
+            self._stop("logging an artifact", e)
 
     def finish(self, failed: bool = False) -> None:
+        """Close the W&B run (``failed``: exit code 1)."""
         if self.run is None:
             return
         try:
             self.run.finish(exit_code=1 if failed else 0)
         except Exception as e:
-            warnings.warn(f"W&B finish failed ({e})", stacklevel=2)
+            self._stop("finishing the run", e)
         self.run = None
 
 
 def upload_finished(tracking_cfg: Any, run_dir: Path, force: bool = False) -> bool:
     """Log a finished store run to W&B (history replayed from ``examples.jsonl``); True if logged.
 
-    Does nothing when W&B is disabled, or when the folder was uploaded before (``wandb.json``)
-    unless ``force``.
+    Does nothing when W&B is disabled, or when the folder was uploaded before (``wandb.json``
+    finished) unless ``force``. A partial upload (``state: started``: W&B stopped mid-run) is
+    replaced (:class:`WandbLogger`): the same W&B id, its offline folder removed first, online
+    history continued where it stopped.
     """
     wcfg = dict(tracking_cfg.get("wandb", {}) or {})
     run_dir = Path(run_dir)
     if str(wcfg.get("mode", "disabled")) == "disabled" or not (run_dir / "summary.json").is_file():
         return False
-    if (run_dir / "wandb.json").is_file() and not force:
+    if wandb_record(run_dir).get("state") == "finished" and not force:
         return False
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
-    wb = WandbLogger(tracking_cfg, cfg, run_dir.name, **labels_for(cfg))
+    wb = WandbLogger(tracking_cfg, cfg, run_dir.name, **labels_for(cfg))  # replaces a partial upload
     if wb.run is None:
         return False
+    first = wb.next_step
     lines = (run_dir / "examples.jsonl").read_text().splitlines() if (run_dir / "examples.jsonl").is_file() else []
     for i, line in enumerate(x for x in lines if x.strip()):
-        wb.log_example(i, json.loads(line))
+        if i >= first:
+            wb.log_example(i, json.loads(line))
     wb.log_run(summary, run_dir)
     wb.finish()
-    return True
+    return wandb_record(run_dir).get("state") == "finished"

@@ -13,6 +13,7 @@ from typing import Any
 from viasd.errors import ConfigError
 from viasd.tasks.base import TASKS, Example, Task
 from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
+from viasd.tasks.loading import check_text_file
 
 __all__ = ["SpecBenchTask", "PromptsTask", "read_prompt_file"]
 
@@ -85,7 +86,8 @@ class PromptsTask(Task):
 def read_prompt_file(path: Path) -> list[dict[str, Any]]:
     """Rows ``{"id", "prompt", ...}`` of a ``.jsonl`` or ``.txt`` prompt file.
 
-    Raises a ConfigError naming the file and the fix for a missing or empty file, a line
+    Raises a ConfigError naming the file and the fix for a missing or empty file, a binary or
+    undecodable one (with the byte offset, :func:`~viasd.tasks.loading.check_text_file`), a line
     that is not a JSON object with a non-empty string ``"prompt"``, or an unknown suffix.
     """
     fix = 'set task.path to a .jsonl file with one {"prompt": ...} per line or a .txt file with one prompt per line'
@@ -95,6 +97,7 @@ def read_prompt_file(path: Path) -> list[dict[str, Any]]:
     suffix = p.suffix.lower()
     if suffix not in (".jsonl", ".txt"):
         raise ConfigError(f"prompt file {p} has an unsupported suffix {suffix!r}; {fix}")
+    check_text_file(p, "prompt file", fix)
     rows: list[dict[str, Any]] = []
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

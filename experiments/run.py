@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> dict[str, Any] | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except RunInterrupted as e:
-        print(e, file=sys.stderr)
+        print(f"\n{e}", file=sys.stderr)  # on a line of its own, after a progress bar the interrupt cut short
         sys.exit(130)
     except KeyboardInterrupt:
         print("interrupted before a run folder was opened; nothing was written", file=sys.stderr)

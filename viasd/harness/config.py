@@ -40,6 +40,7 @@ IDENTITY_UNSET: dict[str, Any] = {
     "generation.stop_strings": [],
     "generation.eos_token_ids": None,
     "method.drafter.lookup_min": None,
+    "schedule": "sequential",  # conf/config.yaml; interleaved cells carry "interleaved" (viasd.harness.interleave)
 }
 
 
@@ -47,7 +48,7 @@ def drop_unset(resolved: dict[str, Any]) -> dict[str, Any]:
     """``resolved`` (a resolved config dict, changed in place) without the :data:`IDENTITY_UNSET` keys
     that hold their unset value."""
     for dotted, unset in IDENTITY_UNSET.items():
-        *path, key = dotted.split(".")
+        *path, key = dotted.split(".")  # a top-level key has an empty path
         node = resolved
         for p in path:
             node = node.get(p) if isinstance(node, dict) else None

@@ -12,7 +12,9 @@ expands them; a command-line value for a swept key replaces the exp's values for
 before the first job (one error line, exit status 2), prints the plan of every cell and exits
 for ``dry_run=true``, numbers the jobs, and ends with a summary (exit status 1 when a cell
 failed; a failing cell never stops the others). Finished runs (same resolved config) are skipped
-by the runner, so a killed grid resumes where it stopped.
+by the runner, so a killed grid resumes where it stopped; a cell another process is writing is
+skipped and done at the end (so two identical grids on one store share their cells). An
+interleave job (``exp.entry: interleave``, :mod:`viasd.harness.interleave`) counts as its variants.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.errors import ConfigError
+from viasd.harness.dimr_runs import run_kl, run_search
 from viasd.harness.dryrun import dry_run
-from viasd.harness.runner import run, run_kl, run_search
+from viasd.harness.interleave import expand, run_interleaved
+from viasd.harness.runner import defer_locked_runs, run, run_deferred
 from viasd.methods.api import method_config
 from viasd.paths import PROJECT_ROOT
 from viasd.tasks import build_task
@@ -71,7 +75,8 @@ def exp_cells(overrides: list[str]) -> list[tuple[list[str], DictConfig]]:
                  if not o.is_sweep_override()]  # the sweep itself cannot compose; its sweeper params can
         top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
         params = OmegaConf.to_container(top.hydra.sweeper.params, resolve=True) or {}
-        return [(job, compose(config_name="config", overrides=job)) for job in sweep_overrides(params, overrides)]
+        return [cell for job in sweep_overrides(params, overrides)  # an interleave job: its variants
+                for cell in expand(job, compose(config_name="config", overrides=job))]
 
     if GlobalHydra.instance().is_initialized():
         return _do()
@@ -87,9 +92,9 @@ def compose_cells(overrides: list[str]) -> list[DictConfig]:
 def run_cell(cfg: DictConfig) -> dict[str, Any]:
     """Execute one composed cell according to ``exp.entry`` (run | search | kl)."""
     entry = OmegaConf.select(cfg, "exp.entry", default="run")
-    runners = {"run": run, "search": run_search, "kl": run_kl}
+    runners = {"run": run, "search": run_search, "kl": run_kl, "interleave": run_interleaved}
     if entry not in runners:
-        raise ConfigError(f"unknown exp.entry {entry!r}; use run, search or kl")
+        raise ConfigError(f"unknown exp.entry {entry!r}; use run, search, kl or interleave")
     return runners[entry](cfg)
 
 
@@ -144,6 +149,7 @@ class GridCallback(Callback):
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _fail(f"exp {self.name!r}: a cell does not compose: {first}")
         self.total = len(cells)
+        defer_locked_runs()  # a cell another process is writing is done at the end (on_multirun_end)
         print(f"[viasd] exp {self.name}: {self.total} runs")
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
         for key in sorted(given & set(config.hydra.sweeper.params or {})):
@@ -151,7 +157,7 @@ class GridCallback(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         num = OmegaConf.select(config, "hydra.job.num", default=None, throw_on_missing=False)
-        if num is None:  # a single run, not a cell of a grid
+        if num is None or OmegaConf.select(config, "exp.entry") == "interleave":  # a single run; a group names itself
             return
         print(f"[viasd] ({num + 1}/{self.total or '?'}) {cell_label(config)}")  # ?: another process
 
@@ -161,6 +167,7 @@ class GridCallback(Callback):
             self.failures.append(cell_label(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.failures += run_deferred(run_cell, cell_label)
         if self.failures:
             print(f"[viasd] exp {self.name}: {len(self.failures)} failed: {', '.join(self.failures)}", file=sys.stderr)
             sys.exit(1)

@@ -25,7 +25,8 @@ from pathlib import Path
 from viasd.errors import one_line_errors
 from viasd.paths import results_dir, runs_dir
 from viasd.tracking.proof import EMPTY, FINISHED, INVALID, UNFINISHED
-from viasd.tracking.store import RunStore, RunStores, publish
+from viasd.tracking.results import publish
+from viasd.tracking.store import RunStore, RunStores
 
 
 def check(stores: RunStores, move_aside: Path | None) -> int:
@@ -69,13 +70,15 @@ def _move(store: RunStore, path: Path, dest: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", default=None, help="local run store (default: $VIASD_RUNS_DIR or ./runs)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--runs", default=None, help="local run store (default: $VIASD_RUNS_DIR or ./runs)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="list the folders that are not finished valid runs")
+    c = sub.add_parser("check", parents=[common], help="list the folders that are not finished valid runs")
     c.add_argument("--results", default="", help="results store checked too (default: results/runs; none: not)")
     c.add_argument("--move-aside", type=Path, default=None, metavar="DIR",
                    help="move the local store's invalid and empty folders to DIR/<name>/")
-    p = sub.add_parser("publish", help="copy finished runs into the results store committed in the repository")
+    p = sub.add_parser("publish", parents=[common],
+                       help="copy finished runs into the results store committed in the repository")
     p.add_argument("run_ids", nargs="+")
     p.add_argument("--to", type=Path, default=None, help="results store (default: results/runs)")
     args = ap.parse_args(argv)

@@ -26,7 +26,8 @@ from viasd.report.build import build_all, collect
 from viasd.tracking import store as store_mod
 from viasd.tracking.ids import run_id_for
 from viasd.tracking.proof import inspect
-from viasd.tracking.store import RunStore, RunStores, StoreFull, find_run, publish, valid_runs
+from viasd.tracking.results import publish
+from viasd.tracking.store import RunStore, RunStores, StoreFull, find_run, valid_runs
 
 OLD_STORE = Path(__file__).parent / "fixtures" / "store_3180974"  # written by the code at 3180974
 CELL = ["pair=tiny-llama", "task=prompts", "seed=0", "task.n_examples=2", "generation.max_new_tokens=8"]
@@ -143,7 +144,7 @@ def test_store_check_lists_and_moves_invalid_folders_and_ignores_reserved_ones(a
     (runs_dir / "notes" / "todo.txt").write_text("compare these\n")
     (runs_dir / "left-empty").mkdir()
     (runs_dir / sd["run_id"] / "summary.json").unlink()  # an interrupted attempt: resumable, not invalid
-    args = ["--runs", str(runs_dir), "check", "--results", "none"]
+    args = ["check", "--runs", str(runs_dir), "--results", "none"]
     assert store_cli.main(args) == 1
     out = capsys.readouterr().out
     assert "1 finished runs, 0 being written, 1 unfinished, 1 empty, 1 invalid" in out
@@ -194,7 +195,7 @@ def test_a_full_disk_stops_a_grid_after_one_line(tmp_path):
 def test_results_store_is_read_beside_the_local_one_and_only_publish_writes_it(ar_sd, runs_dir, tmp_path, capsys):
     ar, sd = ar_sd
     results = tmp_path / "results"
-    assert store_cli.main(["--runs", str(runs_dir), "publish", ar["run_id"], sd["run_id"], "--to", str(results)]) == 0
+    assert store_cli.main(["publish", ar["run_id"], sd["run_id"], "--runs", str(runs_dir), "--to", str(results)]) == 0
     assert "published to" in capsys.readouterr().out
     assert {p.name for p in (results / ar["run_id"]).iterdir()} == {"config.yaml", "meta.json", "examples.jsonl",
                                                                     "summary.json"}

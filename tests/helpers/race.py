@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from viasd.harness.runner import Cell, run
 from viasd.paths import PROJECT_ROOT
 
-TOKENS = 16
+TOKENS = 12
 
 
 def overrides(prompts: Path, store: Path) -> list[str]:
@@ -36,9 +36,9 @@ def main(role: str, store: Path, prompts_dir: Path, tries: int) -> None:
                 deadline = time.time() + 120
                 while time.time() < deadline and not (folder / "summary.json").exists():
                     ex = folder / "examples.jsonl"
-                    if ex.is_file() and ex.read_text().count("\n") >= 3:
+                    if ex.is_file() and ex.read_bytes().count(b"\n") >= 3:
                         break
-                    time.sleep(0.005)
+                    time.sleep(0.02)
             summary = run(cfg)
             print(f"[race] {role} try {k}: {summary['run_id']}", flush=True)
 

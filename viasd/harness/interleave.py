@@ -123,7 +123,7 @@ def run_interleaved(cfg: DictConfig, job: list[str] | None = None) -> dict[str, 
     finally:
         for c in claimed:
             c.release()
-    summaries = {label: (RunStore(store.root).find(c.run_id) or {}).get("summary", {}) for label, c in cells}
+    summaries = {label: (store.find(c.run_id) or {}).get("summary", {}) for label, c in cells}
     print_group(cells, summaries, store, job)
     return {"runs": {label: c.run_id for label, c in cells}, "summaries": summaries}
 
@@ -178,6 +178,7 @@ def print_group(cells: list[tuple[str, Cell]], summaries: dict[str, dict], store
               "'+exp.variants.ar=[\"method=ar\"]'")
     shown = next((c for _, c in cells if c is not ar), cells[0][1])
     first = next(iter(store.examples(shown.run_id)), None)
-    if first is not None:
-        print(f"\n  prompt 1: {first['prompt'][:300]!r}\n  {shown.labels['job_type']} output: {first['raw_output'][:300]!r}")
+    if first is not None:  # the user message, not the chat-templated text the model read
+        prompt = next((ex.prompt for ex in shown.task.examples() if ex.id == first["id"]), first["prompt"])
+        print(f"\n  prompt 1: {prompt[:300]!r}\n  {shown.labels['job_type']} output: {first['raw_output'][:300]!r}")
     print(f"\n  run folders: {store.root}/<run id> for {', '.join(c.run_id for _, c in cells)}")

@@ -63,7 +63,7 @@ def ar_index(store: RunStore | RunStores) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     stores = store.stores if isinstance(store, RunStores) else [store]
     for s in stores:
-        for r in s.finished_runs():
+        for r in s.finished_runs(label="ar"):  # an ar run's id carries its label; a folder is proved before use
             if r["summary"].get("method") == "ar" and isinstance(r["config"], dict):
                 out.setdefault(workload_key(r["config"]), []).append(r)
     return out

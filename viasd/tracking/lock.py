@@ -50,6 +50,10 @@ class RunLock:
             self._file_lock().acquire(timeout=0)
         except Timeout:
             return False
+        if not (self.dir / LOCK_NAME).is_file():  # the folder was removed while this process opened its lock
+            self._lock.release()
+            self._lock = None
+            return False
         try:  # who holds it is for messages only: a full disk must not cost the lock
             atomic_write_json(self.dir / HOLDER_NAME, {"pid": os.getpid(), "host": platform.node(),
                                                        "since": time.strftime("%Y-%m-%dT%H:%M:%S")})

@@ -20,7 +20,8 @@ it, and editing a prompt/data/mask file makes a new run.
 * **Two roots.** :class:`RunStores` reads several stores as one, first root first: the user's
   (``VIASD_RUNS_DIR``, default ``./runs``) and the read-only results store committed in the
   repository (``results/runs/``, :func:`viasd.paths.results_dir`), which only
-  :func:`publish` writes. :func:`find_run` and :func:`valid_runs` are what the readers call.
+  :func:`viasd.tracking.results.publish` writes. :func:`find_run` and :func:`valid_runs` are
+  what the readers call.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names 
     run_id_for,
 )
 from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME, RunLock
-from viasd.tracking.proof import FINISHED, INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, reserved
+from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, reserved
 from viasd.utils.fs import append_text, atomic_write_text, jsonable
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -62,7 +63,8 @@ class StoreFull(ConfigError):
 
 def full_disk_error(path: Path, root: Path) -> StoreFull:
     try:
-        free = f"{shutil.disk_usage(root if root.exists() else root.parent).free / 2**20:.0f} MiB free"
+        n = shutil.disk_usage(root if root.exists() else root.parent).free
+        free = f"{n / 2**20:.0f} MiB free" if n >= 2**20 else f"{n // 1024} KiB free"
     except OSError:
         free = "free space unknown"
     return StoreFull(f"no space left on device writing {path} (run store {root}, {free}); free space there or "
@@ -211,15 +213,17 @@ class RunStore:
         v = self.verdict(run_id)
         return _record(v, self.root) if v is not None and v.finished else None
 
-    def folders(self) -> list[Verdict]:
-        """The verdict on every run folder (reserved names left out), by name."""
+    def folders(self, label: str | None = None) -> list[Verdict]:
+        """The verdict on every run folder (reserved names left out), by name; ``label``: only the
+        folders whose name carries that method label (``ar``: the candidate baselines)."""
         if not self.root.is_dir():
             return []
-        return [inspect(d) for d in sorted(self.root.iterdir()) if d.is_dir() and not reserved(d.name)]
+        return [inspect(d) for d in sorted(self.root.iterdir()) if d.is_dir() and not reserved(d.name)
+                and (label is None or d.name.split("__")[1:2] == [label])]
 
-    def finished_runs(self) -> Iterator[dict[str, Any]]:
-        """Every finished valid run (see :meth:`find`), by run id."""
-        for v in self.folders():
+    def finished_runs(self, label: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every finished valid run (see :meth:`find`), by run id (``label``: see :meth:`folders`)."""
+        for v in self.folders(label):
             if v.finished:
                 yield _record(v, self.root)
 
@@ -362,35 +366,3 @@ def invalid_lines(store: RunStore | RunStores) -> list[str]:
     return [f"invalid run folder {v.path}: {v.reason} (not used; `python -m experiments.store check` lists them)"
             for v in as_stores(store).invalid_runs()]
 
-
-def publish(run_ids: list[str], source: RunStore | RunStores, dest: str | Path) -> list[tuple[str, str]]:
-    """Copy finished valid runs (their record files only: no locks, W&B or traces) into the results
-    store ``dest``; returns ``(run_id, what happened)``. A run already there with the same files is
-    left as it is; one that differs is a :class:`ConfigError` (remove it first to replace it)."""
-    dest = Path(dest)
-    out = []
-    for run_id in run_ids:
-        found = find_run(run_id, source)
-        if found is None:
-            v = as_stores(source).verdict(run_id)
-            why = f"it is {v.state}: {v.reason}" if v is not None else "no such folder"
-            raise ConfigError(f"cannot publish {run_id}: not a finished valid run ({why})")
-        target = dest / run_id
-        if target.exists():
-            same = all((target / f).is_file() and (target / f).read_bytes() == (found["path"] / f).read_bytes()
-                       for f in RECORD_FILES if (found["path"] / f).is_file())
-            if not same:
-                raise ConfigError(f"{target} exists with other contents; remove it first to replace it")
-            out.append((run_id, f"already in {dest}"))
-            continue
-        tmp = dest / f".{run_id}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for f in RECORD_FILES:
-            if (found["path"] / f).is_file():
-                shutil.copy2(found["path"] / f, tmp / f)
-        tmp.rename(target)
-        if inspect(target).state != FINISHED:
-            raise ConfigError(f"{target} does not prove itself after copying: {inspect(target).reason}")
-        out.append((run_id, f"published to {target}"))
-    return out

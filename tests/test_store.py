@@ -70,6 +70,15 @@ def test_runs_of_the_code_before_the_proofs_stay_valid(tmp_path):
     (old / "summary.json").write_text(json.dumps({**summary, "run_id": old.name, "method": "viasd"}))
     assert "__viasd__" in old.name and inspect(old).finished
     assert RunStore(tmp_path).find(old.name)["summary"]["method"] == "via_sd"
+    # … and so does one named before method labels (sd with any drafter was `__sd__`)
+    ngram = next(OLD_STORE.glob("tiny-llama__sd_ngram__*"))
+    bare = tmp_path / ngram.name.replace("__sd_ngram__", "__sd__")
+    shutil.copytree(ngram, bare)
+    summary = json.loads((bare / "summary.json").read_text())
+    (bare / "summary.json").write_text(json.dumps({**summary, "run_id": bare.name}))
+    assert inspect(bare).finished
+    shutil.copytree(ngram, tmp_path / ngram.name.replace("__sd_ngram__", "__ar__"))
+    assert "renamed by hand" in inspect(tmp_path / ngram.name.replace("__sd_ngram__", "__ar__")).reason
 
 
 def test_a_stray_folder_and_a_broken_summary_break_nothing(ar_sd, runs_dir, tmp_path, capsys):

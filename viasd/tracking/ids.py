@@ -56,6 +56,9 @@ def run_id_for(cfg: dict[str, Any], renamed: bool = True) -> str:
 
 
 def run_ids_of(cfg: dict[str, Any]) -> set[str]:
-    """Every id a folder holding ``cfg`` as its ``config.yaml`` may carry: today's and, for a
-    method renamed since, the one it was written under."""
-    return {run_id_for(cfg), run_id_for(cfg, renamed=False)}
+    """Every id a folder holding ``cfg`` as its ``config.yaml`` may carry: today's, the one it was
+    written under for a method renamed since, and the one of the code before method labels (the
+    bare method name: ``sd`` for every drafter)."""
+    bare = "__".join([str((cfg.get("pair") or {}).get("name", "pair")), str((cfg.get("method") or {}).get("name")),
+                      str((cfg.get("task") or {}).get("name", "task")), config_hash(cfg)])
+    return {run_id_for(cfg), run_id_for(cfg, renamed=False), bare}

@@ -95,6 +95,8 @@ def _config(path: Path) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(cfg, dict):
         return None, "config.yaml is not a mapping"
     if path.name not in run_ids_of(cfg):
+        if path.name.rsplit("__", 1)[-1] == config_hash(cfg):
+            return cfg, "the folder name's pair/method/task are not its config.yaml's (renamed by hand?)"
         return cfg, (f"config.yaml hashes to {config_hash(cfg)}, not to the id in the folder name "
                      "(edited by hand, or copied under another name)")
     return cfg, ""

@@ -1,13 +1,13 @@
 # Set-up and the two everyday commands on a fresh Linux machine with only Python 3 and make:
 #
-#   make run     # create .venv if missing, install the project, run the main job
+#   make run     # create .venv if missing, install the project, run the main job (ar vs sd_ngram)
 #   make test    # same set-up, then the test suite (what .ci/run runs)
 #
 # Knobs (on the command line: `make test TORCH=cuda PYTEST_ARGS="tests/test_rules.py -x"`):
 #   TORCH        auto (default: cuda when `nvidia-smi` works, else cpu) | cpu | cuda
 #   TORCH_SPEC   the torch requirement installed first (default torch==2.13.0)
 #   TORCH_INDEX  extra package index for the cpu wheel (default PyTorch's CPU index)
-#   ARGS         Hydra overrides for `make run`, e.g. ARGS="pair=tiny-llama method=sd"
+#   ARGS         Hydra overrides for `make run` instead of the main job, e.g. ARGS="pair=tiny-llama method=sd"
 #   PYTEST_ARGS  arguments for pytest in `make test`
 #   PYTHON       the interpreter that creates .venv (default python3)
 # The install step runs again only when pyproject.toml changes or TORCH changes (stamp file).
@@ -44,8 +44,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 help:
 	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
+# No ARGS: the main job (conf/exp/main.yaml: ar and sd_ngram interleaved on the built-in prompts).
 run: $(STAMP)
-	$(VPY) -m experiments.run $(ARGS)
+	$(VPY) -m experiments.run $(if $(strip $(ARGS)),$(ARGS),+exp=main)
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(VPY) -m pytest $(PYTEST_ARGS)

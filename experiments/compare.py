@@ -4,7 +4,10 @@ Compares finished runs with one ``ar`` run on the examples they share (a run on
 ``task.n_examples=10`` against ``ar`` on ``task.n_examples=40`` of the same workload: id-hash
 subsets nest): tokens/s and the speedup over ``ar`` on the same examples, whether each example's
 tokens equal ``ar``'s, and quality on the same examples (:mod:`viasd.report.shared`). Prints
-the table; ``--out`` also writes it as Markdown + LaTeX + sources JSON.
+the table; ``--out`` also writes it as Markdown + LaTeX + sources JSON. Runs are looked up in the
+local run store and then in the results store committed in the repository (``results/runs/``;
+``--results none`` leaves it out); folders that do not prove themselves are listed once as
+invalid (on stderr) and never compared.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pandas as pd
 from viasd.errors import ConfigError
 from viasd.paths import runs_dir
 from viasd.report.shared import HEADER, shared_table, write_shared
-from viasd.tracking.store import RunStore
+from viasd.tracking.store import RunStores, invalid_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ar", required=True, help="run id of the ar baseline (a superset of the others' examples)")
     ap.add_argument("runs", nargs="*", help="run ids to compare with it")
     ap.add_argument("--runs-dir", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
+    ap.add_argument("--results", default="", help="results store read after it (default: the repository's "
+                    "results/runs; none: leave it out)")
     ap.add_argument("--out", default=None, help="folder to write <name>.md/.tex/.sources.json into")
     ap.add_argument("--name", default="shared")
     ap.add_argument("--title", default="Runs against ar on shared examples")
@@ -33,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ignore", nargs="*", default=[], help="config keys allowed to differ (e.g. pair.draft: "
                     "a draft loaded but unused by ar and by model-free drafters); named in the table's note")
     args = ap.parse_args(argv)
-    store = RunStore(args.runs_dir or runs_dir())
+    store = RunStores.default(args.runs_dir or runs_dir(), None if args.results == "none" else args.results)
+    for line in invalid_lines(store):
+        print(line, file=sys.stderr)
     try:
         rows, _, note = shared_table(store, args.ar, args.runs, tuple(args.ignore))
         if args.out:

@@ -1,10 +1,12 @@
-"""``python -m experiments.report [--scale local|paper|smoke|cpu-large] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar]``
+"""``python -m experiments.report [--scale local|paper|smoke|cpu-large] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar] [--results DIR|none]``
 
 Rebuilds every table (Markdown + LaTeX) and figure (PNG + PDF) from the local run store
-(``VIASD_RUNS_DIR``, default ``./runs``) into ``<out>/<scale>/`` (default
-``paper_figures/<scale>/``), so reports of one scale never overwrite another's. Speedups are
-against the ``ar`` run of the identical workload; cells without one print the command that
-creates it, and ``--run-missing-ar`` runs those commands before building.
+(``VIASD_RUNS_DIR``, default ``./runs``) and the results store committed in the repository
+(``results/runs/``; a run in both is read from the local store) into ``<out>/<scale>/`` (default
+``paper_figures/<scale>/``), so reports of one scale never overwrite another's. Folders that do
+not prove themselves as runs are listed once as invalid (on stderr) and never used. Speedups are
+against the ``ar`` run of the identical workload in the same store; cells without one print the
+command that creates it, and ``--run-missing-ar`` runs those commands before building.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from viasd.harness.grid import CONF_DIR
 from viasd.harness.runner import run
 from viasd.paths import runs_dir
 from viasd.report.build import REPORTS, build_all, collect, scales
-from viasd.tracking.store import RunStore
+from viasd.tracking.store import RunStores, invalid_lines
 
 
-def run_missing_ar(names: list[str], scale: str, store: RunStore, overrides: list[str]) -> int:
+def run_missing_ar(names: list[str], scale: str, store: RunStores, overrides: list[str]) -> int:
     """Run the matched ``ar`` run of every cell that lacks one; returns how many were run."""
     commands = sorted({r["ar_command"] for n in names for r in collect(n, scale, store, overrides)[0] if r["ar_command"]})
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -41,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="report names (default: all)")
     ap.add_argument("--out", default="paper_figures", help="root folder; outputs go to <out>/<scale>/")
     ap.add_argument("--runs", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
+    ap.add_argument("--results", default="", help="results store read beside it (default: the repository's "
+                    "results/runs; none: leave it out)")
     ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides the exps were run with")
     ap.add_argument("--run-missing-ar", action="store_true", help="first run the matched ar runs that are missing")
     args = ap.parse_args(argv)
 
-    store = RunStore(args.runs or runs_dir())
+    store = RunStores.default(args.runs or runs_dir(), None if args.results == "none" else args.results)
+    for line in invalid_lines(store):
+        print(line, file=sys.stderr)
     try:
         if args.run_missing_ar:
             run_missing_ar(args.only or REPORTS.names(), args.scale, store, args.override)

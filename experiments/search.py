@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from viasd.errors import one_line_errors
 from viasd.harness.cli import check_argv
-from viasd.harness.runner import run_search
+from viasd.harness.dimr_runs import run_search
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf, open_dict
 from viasd.config import GenerationConfig, to_dataclass
 from viasd.engine.drafters import DrafterConfig
 from viasd.errors import ConfigError
+from viasd.harness import identity as ident_mod
 from viasd.harness import runner
 from viasd.methods.api import METHODS, method_config
 from viasd.methods.sd import SDConfig
@@ -95,7 +96,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def run_ids():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "input_files", lambda cfg: {})
+        mp.setattr(ident_mod, "input_files", lambda cfg: {})
         yield {k: run_id(*k.split()) for k in EXPECTED}
 
 
@@ -175,7 +176,7 @@ def test_a_shipped_mask_names_only_the_runs_that_read_it(run_ids):
         return run_id_for(runner.identity(cfg))
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "input_files", lambda cfg: {})
+        mp.setattr(ident_mod, "input_files", lambda cfg: {})
         for base in ("pair=smollm2 task=prompts method=ar", "pair=smollm2 task=prompts method=sd"):
             assert with_new_mask(*base.split()) == run_ids[base]
         via = ("pair=smollm2", "task=prompts", "method=via_sd")

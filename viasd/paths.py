@@ -6,6 +6,8 @@
 * ``VIASD_CACHE_DIR`` — converted models, trained drafts, DIMR masks (default:
   ``~/.cache/viasd``).
 * ``VIASD_RUNS_DIR`` — the local run store (default: ``./runs``).
+* ``VIASD_RESULTS_DIR`` — the read-only results store committed in the repository (default:
+  ``results/runs/`` of the checkout), read beside the local one by the reports.
 """
 
 from __future__ import annotations
@@ -70,3 +72,8 @@ def cache_dir() -> Path:
 def runs_dir() -> Path:
     """Root of the local run store."""
     return Path(os.environ.get("VIASD_RUNS_DIR", "runs")).resolve()
+
+
+def results_dir() -> Path:
+    """Root of the results store committed in the repository (read-only for runs; ``experiments.store publish``)."""
+    return Path(os.environ.get("VIASD_RESULTS_DIR", PROJECT_ROOT / "results" / "runs")).resolve()

@@ -45,6 +45,7 @@ IDENTITY_UNSET: dict[str, Any] = {
     "method.drafter.lookup_min": None,
     "exp": None,  # RunConfig's node for +exp=NAME; a single run has none
     "task.truncate": None,  # over-long prompts are refused (viasd.tasks.length)
+    "schedule": "sequential",  # conf/config.yaml; interleaved cells carry "interleaved" (viasd.harness.interleave)
 }
 
 
@@ -76,6 +77,7 @@ class RunConfig:
     seed: int = 0
     dry_run: bool = False
     threads: int | None = 1
+    schedule: str = "sequential"  # interleaved cells: "interleaved" (viasd.harness.interleave)
     pair: Any = None
     method: Any = None
     task: Any = None
@@ -89,7 +91,7 @@ def drop_unset(resolved: dict[str, Any]) -> dict[str, Any]:
     """``resolved`` (a resolved config dict, changed in place) without the :data:`IDENTITY_UNSET` keys
     that hold their unset value."""
     for dotted, unset in IDENTITY_UNSET.items():
-        *path, key = dotted.split(".")
+        *path, key = dotted.split(".")  # a top-level key has an empty path
         node = resolved
         for p in path:
             node = node.get(p) if isinstance(node, dict) else None

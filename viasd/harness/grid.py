@@ -17,7 +17,9 @@ finished in the run store, so the summary is true under any launcher, also one t
 in processes of their own (``submitit_local``, ``viasd_local``, SLURM) whose failures the grid
 process never sees. Cells in local processes of their own decode a bounded number at a time and
 stop when the grid process dies (:mod:`viasd.harness.launchers`). Finished runs (same resolved
-config) are skipped by the runner, so a killed grid resumes where it stopped.
+config) are skipped by the runner, so a killed grid resumes where it stopped; a cell another process
+is writing is skipped and done at the end (so two identical grids on one store share their cells).
+An interleave job (``exp.entry: interleave``, :mod:`viasd.harness.interleave`) counts as its variants.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from viasd.errors import ConfigError
 from viasd.harness.cli import CONF_DIR, hydra_error_line
+from viasd.harness.dimr_runs import run_kl, run_search
 from viasd.harness.dryrun import dry_run
+from viasd.harness.interleave import expand, run_interleaved
 from viasd.harness.launchers import ENV_LOCK, GridLock, in_cell_process, take_slot, watch_grid
 from viasd.harness.prereq import check_ready
-from viasd.harness.runner import identity, run, run_kl, run_search
+from viasd.harness.runner import defer_locked_runs, identity, run, run_deferred
 from viasd.methods.api import method_config
 from viasd.tasks import build_task
 from viasd.tracking.store import RunStore, run_id_for
@@ -80,7 +84,8 @@ def exp_cells(overrides: list[str]) -> list[tuple[list[str], DictConfig]]:
         top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
         params = OmegaConf.select(top, "hydra.sweeper.params", default=None)  # None: a plain -m sweep
         params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
-        return [(job, compose(config_name="config", overrides=job)) for job in sweep_overrides(params, overrides)]
+        return [cell for job in sweep_overrides(params, overrides)  # an interleave job: its variants
+                for cell in expand(job, compose(config_name="config", overrides=job))]
 
     if GlobalHydra.instance().is_initialized():
         return _do()
@@ -96,9 +101,9 @@ def compose_cells(overrides: list[str]) -> list[DictConfig]:
 def run_cell(cfg: DictConfig) -> dict[str, Any]:
     """Execute one composed cell according to ``exp.entry`` (run | search | kl)."""
     entry = OmegaConf.select(cfg, "exp.entry", default="run")
-    runners = {"run": run, "search": run_search, "kl": run_kl}
+    runners = {"run": run, "search": run_search, "kl": run_kl, "interleave": run_interleaved}
     if entry not in runners:
-        raise ConfigError(f"unknown exp.entry {entry!r}; use run, search or kl")
+        raise ConfigError(f"unknown exp.entry {entry!r}; use run, search, kl or interleave")
     return runners[entry](cfg)
 
 
@@ -191,6 +196,7 @@ class GridCallback(Callback):
         self.total = len(self.cells)
         slots = _slots(config)
         self.grid = GridLock(slots)
+        defer_locked_runs()  # a cell another process is writing is done at the end (on_multirun_end)
         print(f"[viasd] exp {self.name}: {self.total} runs")
         given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
         for key in sorted(given & set(OmegaConf.select(config, "hydra.sweeper.params", default=None) or {})):
@@ -202,7 +208,7 @@ class GridCallback(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         num = OmegaConf.select(config, "hydra.job.num", default=None, throw_on_missing=False)
-        if num is None:  # a single run, not a cell of a grid
+        if num is None or OmegaConf.select(config, "exp.entry") == "interleave":  # a single run; a group names itself
             return
         print(f"[viasd] ({num + 1}/{self.total or '?'}) {cell_label(config)}", flush=True)  # ?: another process
         if in_cell_process() and ENV_LOCK in os.environ:  # a launcher's own process: bounded, and tied to the grid
@@ -216,6 +222,7 @@ class GridCallback(Callback):
             self.failures.add(int(num))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        run_deferred(run_cell, cell_label)  # cells another process held; failures show as unfinished below
         if self.grid is not None:
             self.grid.release()
         names = cell_names(self.cells)

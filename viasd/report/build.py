@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from viasd.harness.grid import CONF_DIR
-from viasd.report import figures, tables  # noqa: F401  (each registers its reports in REPORTS)
+from viasd.report import figures, interleaved, tables  # noqa: F401  (each registers its reports in REPORTS)
 from viasd.report.common import REPORTS, collect, mean_ci  # noqa: F401  (re-exported)
 from viasd.tracking.baseline import PRIMARY, quality, tier_shares  # noqa: F401  (re-exported)
 from viasd.tracking.store import RunStore

@@ -29,7 +29,7 @@ from viasd.tracking.baseline import (
     speedup,
     tier_shares,
 )
-from viasd.tracking.store import RunStore, run_id_for
+from viasd.tracking.store import RunStore, RunStores, as_stores, run_id_for
 from viasd.utils.fs import atomic_write_json, atomic_write_text
 
 REPORTS: Registry[Callable[..., list[str]]] = Registry("report")
@@ -37,26 +37,31 @@ REPORTS: Registry[Callable[..., list[str]]] = Registry("report")
 __all__ = ["REPORTS", "collect", "quality", "tier_shares", "mean_ci", "stat", "Stat", "repeat_groups"]
 
 
-def collect(exp: str, scale: str, store: RunStore, overrides: list[str] | None = None) -> tuple[list[dict], list[str]]:
+def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[str] | None = None
+            ) -> tuple[list[dict], list[str]]:
     """Finished runs of every cell of ``exp`` at ``scale`` and the run ids of missing cells.
 
-    Each run: ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict),
-    ``summary``, ``ar`` (the matched ``ar`` run dict or None), ``speedup`` (vs that run),
+    ``store``: one run store or several read as one (the user's and the results store); a run
+    that does not prove itself (:mod:`viasd.tracking.proof`) counts as missing. Each run:
+    ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict), ``summary``,
+    ``ar`` (the matched ``ar`` run of the same store, or None), ``speedup`` (vs that run),
     ``ar_command`` (the command creating the missing ``ar`` run, else None).
     """
-    index = ar_index(store)
+    stores = as_stores(store)
+    index = ar_index(stores)
     base = [o for o in (overrides or []) if not o.lstrip("+").startswith(("exp=", "exp.scale=", "scale="))]
     runs, missing = [], []
     for cell, cfg in exp_cells([f"+exp={exp}", f"scale={scale}", *base]):
         ident = identity(cfg)
         rid = run_id_for(ident)
-        if not store.is_finished(rid):
+        found = stores.find(rid)
+        if found is None:
             missing.append(rid)
             continue
-        summary = json.loads((store.path(rid) / "summary.json").read_text())
+        summary = found["summary"]
         timed = OmegaConf.select(cfg, "exp.entry", default="run") == "run"  # search/kl runs have no speedup
         ar = {"run_id": rid, "summary": summary} if summary.get("method") == "ar" else \
-            (matched_ar(ident, index) if timed else None)
+            (matched_ar(ident, index, found["root"]) if timed else None)
         cmd = None
         if ar is None and timed:
             keep = [o for o in cell if not o.split("=", 1)[0].lstrip("+~").startswith(("method", "exp", "scale"))]

@@ -108,7 +108,7 @@ def fig_thresholds(runs, missing, out, store, scale):
                     fontsize=5)
     for x in _ref_runs(runs, store):
         s = x["summary"]
-        ar = matched_ar(x["config"], index)
+        ar = matched_ar(x["config"], index, x["root"])
         m = x["config"].get("method", {})
         ax.scatter(speedup(s, (ar or {}).get("summary")), quality(s)[1], marker="x", color="C3",
                    label=f"{s['method']} γ={m.get('gamma')}, drafter={(m.get('drafter') or {}).get('name')}")

@@ -23,18 +23,22 @@ from typing import Any
 from viasd.errors import ConfigError
 from viasd.report.common import write_table
 from viasd.tracking.baseline import PRIMARY, workload_key
-from viasd.tracking.store import RunStore
+from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
 HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup vs ar (same examples)",
           "rejection rate", "examples == ar tokens", "quality (same examples)", "ar quality (same examples)"]
 
 
-def _finished(store: RunStore, run_id: str) -> dict[str, Any]:
-    for r in store.finished_runs():
-        if r["run_id"] == run_id:
-            return {**r, "examples": store.examples(run_id)}
-    raise ConfigError(f"no finished run {run_id!r} in {store.root}; list them with `ls {store.root}`")
+def _finished(store: RunStore | RunStores, run_id: str) -> dict[str, Any]:
+    stores = as_stores(store)
+    found = stores.find(run_id)
+    if found is not None:
+        return {**found, "examples": RunStore(found["root"]).examples(run_id)}
+    v = stores.verdict(run_id)
+    roots = ", ".join(str(s.root) for s in stores.stores)
+    why = f"its folder {v.path} is {v.state}: {v.reason}" if v is not None else f"no such folder in {roots}"
+    raise ConfigError(f"no finished run {run_id!r} ({why}); list the runs with `python -m experiments.store check`")
 
 
 def _workload(config: dict[str, Any]) -> dict[str, Any]:

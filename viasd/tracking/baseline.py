@@ -9,6 +9,8 @@ and threads. The exp scale only picks
 those values, so a run of the same values outside a grid matches too. The ``ar`` run of
 the same workload is the only valid denominator of a speedup; when none is finished the caller
 is told which command creates it — there is no fallback to "any ar run of this pair and task".
+Over several stores (the user's and the committed results store) a run is paired with the
+``ar`` run of its own store, so both numbers of a ratio come from one machine.
 
 ``speedup_at_quality`` is the sweep/tuning objective: the speedup over the matched ``ar`` run
 when the run's primary quality metric is within ``delta`` of that run's, else 0.
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
-from viasd.tracking.store import RunStore
+from viasd.tracking.store import RunStore, RunStores
 
 #: Identity keys that do not define the workload a speedup is measured on.
 NON_WORKLOAD_KEYS = ("method", "tracking", "hydra", "exp")
@@ -53,18 +56,27 @@ def workload_key(identity: dict[str, Any]) -> str:
     return json.dumps(ident, sort_keys=True, default=str)
 
 
-def ar_index(store: RunStore) -> dict[str, dict[str, Any]]:
-    """``{workload_key: finished ar run}`` over the whole store (``run_id``, ``config``, ``summary``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in store.finished_runs():
-        if r["summary"].get("method") == "ar" and isinstance(r["config"], dict):
-            out.setdefault(workload_key(r["config"]), r)
+def ar_index(store: RunStore | RunStores) -> dict[str, list[dict[str, Any]]]:
+    """``{workload_key: [finished ar runs]}`` over the store(s), first root first (``run_id``,
+    ``config``, ``summary``, ``root``). Only runs that prove themselves (:mod:`viasd.tracking.proof`)
+    are listed: a stray, copied or edited folder is never a baseline."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    stores = store.stores if isinstance(store, RunStores) else [store]
+    for s in stores:
+        for r in s.finished_runs(label="ar"):  # an ar run's id carries its label; a folder is proved before use
+            if r["summary"].get("method") == "ar" and isinstance(r["config"], dict):
+                out.setdefault(workload_key(r["config"]), []).append(r)
     return out
 
 
-def matched_ar(identity: dict[str, Any], index: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The finished ``ar`` run with the same workload as ``identity`` (None when there is none)."""
-    return index.get(workload_key(identity))
+def matched_ar(identity: dict[str, Any], index: dict[str, list[dict[str, Any]]],
+               root: Path | None = None) -> dict[str, Any] | None:
+    """The finished ``ar`` run with the same workload as ``identity`` in the store ``root`` (the
+    run's own: a speedup divides two runs measured on one machine; None: any root), or None."""
+    for r in index.get(workload_key(identity), []):
+        if root is None or Path(r["root"]) == Path(root):
+            return r
+    return None
 
 
 def speedup(summary: dict[str, Any], ar_summary: dict[str, Any] | None) -> float:

@@ -1,21 +1,37 @@
-"""The local run store: one folder per run, written atomically, read by the reports.
+"""The run store: one folder per run, written by one process, proving itself to its readers.
 
 Layout of ``<store>/<run_id>/``: ``config.yaml`` (resolved config, with an ``inputs`` node
 holding the content hash of every input file the run reads), ``meta.json`` (git sha and
 dirty-tree flag, host, versions, start time, data folder), ``examples.jsonl`` (one line per
 example, appended and flushed as examples finish), and ``summary.json`` — written last and
-atomically, so a run is *finished* exactly when its ``summary.json`` exists. Every file is
-written with the same mode (0644 under the usual umask). ``run_id`` is derived from a hash of
-the resolved config *including the input hashes*, so re-running an identical config on
-identical files finds the finished run and skips it, and editing a prompt/data/mask file
-makes a new run.
+atomically, with the line count and SHA-256 of ``examples.jsonl`` (``examples_lines``,
+``examples_sha256``). Every file is written with the same mode (0644 under the usual umask).
+``run_id`` (:mod:`viasd.tracking.ids`) hashes the resolved config *including the input
+hashes*, so re-running an identical config on identical files finds the finished run and skips
+it, and editing a prompt/data/mask file makes a new run.
+
+* **One writer.** A run folder is written only by the process holding its lock
+  (:mod:`viasd.tracking.lock`, :meth:`RunStore.lock`).
+* **Proof.** A folder counts as finished only when it passes :mod:`viasd.tracking.proof`;
+  stray, copied, edited and truncated folders are *invalid* (:meth:`RunStore.invalid_runs`):
+  never a baseline, never "finished", and they never break the reading of another run.
+* **A full disk** is one :class:`StoreFull` line: every write of a run folder goes through
+  :func:`store_write`, and a run that could not write its first files leaves no folder behind.
+* **Two roots.** :class:`RunStores` reads several stores as one, first root first: the user's
+  (``VIASD_RUNS_DIR``, default ``./runs``) and the read-only results store committed in the
+  repository (``results/runs/``, :func:`viasd.paths.results_dir`), which only
+  :func:`viasd.tracking.results.publish` writes. :func:`find_run` and :func:`valid_runs` are
+  what the readers call.
 """
 
 from __future__ import annotations
 
+import copy
+import errno
 import hashlib
 import json
 import platform
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,45 +40,55 @@ from typing import Any
 
 import yaml
 
-from viasd.utils.fs import atomic_write_json, atomic_write_text, jsonable
+from viasd.errors import ConfigError
+from viasd.paths import results_dir, runs_dir
+from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names for run ids)
+    RENAMED_METHODS,
+    VOLATILE_KEYS,
+    config_hash,
+    file_sha256,
+    method_label,
+    run_id_for,
+)
+from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME, RunLock
+from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, reserved
+from viasd.utils.fs import append_text, atomic_write_text, jsonable
 
-#: Config keys that do not change a run's result (excluded from its identity hash).
-VOLATILE_KEYS = ("tracking", "hydra", "threads", "exp")
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes (the content part of a run's identity)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def config_hash(cfg: dict[str, Any]) -> str:
-    """Stable 10-hex-digit hash of a resolved config without volatile keys."""
-    ident = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
-# Method names runs were stored under before a rename (docs/migration.md): read as the new name.
-RENAMED_METHODS = {"viasd": "via_sd"}
+class StoreFull(ConfigError):
+    """A write to the run store failed for lack of space; the message names the store and the fix."""
 
 
-def method_label(method: dict[str, Any] | None) -> str:
-    """The method as configured: ``sd`` with a non-model drafter is ``sd_<drafter>`` (``sd_ngram``…)."""
-    method = method or {}
-    name = str(method.get("name", "method"))
-    name = RENAMED_METHODS.get(name, name)
-    drafter = (method.get("drafter") or {}).get("name") if isinstance(method.get("drafter"), dict) else None
-    return f"sd_{drafter}" if name == "sd" and drafter and drafter != "model" else name
+def full_disk_error(path: Path, root: Path) -> StoreFull:
+    try:
+        n = shutil.disk_usage(root if root.exists() else root.parent).free
+        free = f"{n / 2**20:.0f} MiB free" if n >= 2**20 else f"{n // 1024} KiB free"
+    except OSError:
+        free = "free space unknown"
+    return StoreFull(f"no space left on device writing {path} (run store {root}, {free}); free space there or "
+                     f"point VIASD_RUNS_DIR (tracking.store_dir) at another disk, then run the same command again "
+                     f"(finished runs and finished examples are kept)")
 
 
-def run_id_for(cfg: dict[str, Any]) -> str:
-    """``<pair>__<method label>__<task>__<hash>`` for a resolved config dict."""
-    parts = [str(cfg.get("pair", {}).get("name", "pair")), method_label(cfg.get("method")),
-             str(cfg.get("task", {}).get("name", "task"))]
-    return "__".join(parts + [config_hash(cfg)])
+def store_write(path: Path, text: str, root: Path, append: bool = False) -> None:
+    """The run store's one write: ``text`` replaces ``path`` atomically, or (``append``) is appended
+    and flushed; a full disk becomes :class:`StoreFull`."""
+    try:
+        (append_text if append else atomic_write_text)(path, text)
+    except OSError as e:
+        if e.errno in FULL_DISK:
+            raise full_disk_error(path, root) from None
+        raise
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 def git_sha() -> str:
@@ -84,18 +110,17 @@ def git_dirty() -> bool | None:
 
 
 class Run:
-    """An open run folder: append examples, then :meth:`finish` with the summary."""
+    """An open run folder (its lock held by the caller): append examples, then :meth:`finish`."""
 
     def __init__(self, path: Path, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
-                 resume: list[dict[str, Any]] | None = None):
-        """Open ``path`` for a run of ``cfg``; ``resume``: example records of an earlier,
-        unfinished attempt at the same run id, kept as the first lines of ``examples.jsonl``."""
-        self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+                 resume: list[dict[str, Any]] | None = None, root: Path | None = None):
+        """Write ``config.yaml``, ``meta.json`` and ``examples.jsonl`` into ``path``; ``resume``:
+        example records of an earlier, unfinished attempt at the same run id, kept as the first lines."""
         import torch
         import transformers
 
+        self.path, self.root = path, root or path.parent
+        self.records: list[dict[str, Any]] = [jsonable(r) for r in resume or []]
         self.meta = {
             "git_sha": git_sha(), "git_dirty": git_dirty(), "host": platform.node(),
             "python": platform.python_version(), "torch": torch.__version__,
@@ -103,40 +128,50 @@ class Run:
             "run_id": path.name, "inputs": cfg.get("inputs", {}), **(meta or {}),
             **({"resumed_examples": len(resume)} if resume else {}),
         }
-        atomic_write_json(path / "meta.json", self.meta)
         (path / "summary.json").unlink(missing_ok=True)
-        self._examples = open(path / "examples.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self.records: list[dict[str, Any]] = []
-        for record in resume or []:
-            self.log_example(record)
+        self._write("config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        self._write("meta.json", _json(self.meta))
+        self._write("examples.jsonl", "".join(_line(r) for r in self.records))
+
+    def _write(self, name: str, text: str, append: bool = False) -> None:
+        store_write(self.path / name, text, self.root, append)
 
     def update_meta(self, **fields: Any) -> None:
         """Add fields to ``meta.json`` (e.g. the slim mask once the pair is loaded)."""
         self.meta.update(fields)
-        atomic_write_json(self.path / "meta.json", self.meta)
+        self._write("meta.json", _json(self.meta))
 
     def log_example(self, record: dict[str, Any]) -> None:
         """Append one example record and flush it to disk."""
         record = jsonable(record)
+        self._write("examples.jsonl", _line(record), append=True)
         self.records.append(record)
-        self._examples.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._examples.flush()
 
-    def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> None:
-        """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json``.
+    def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json`` with the
+        file's line count and checksum; returns the summary as written.
 
         Both are written atomically; ``summary.json`` last, so it marks the run finished.
         """
-        self._examples.close()
         if scores and len(scores) == len(self.records) and any(scores):
             for rec, sc in zip(self.records, scores):
                 rec["score"] = jsonable(sc)
-            atomic_write_text(self.path / "examples.jsonl",
-                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records))
-        atomic_write_json(self.path / "summary.json", summary)
+            self._write("examples.jsonl", "".join(_line(r) for r in self.records))
+        data = (self.path / "examples.jsonl").read_bytes()
+        summary = {**summary, "examples_lines": len(self.records), "examples_sha256": hashlib.sha256(data).hexdigest()}
+        self._write("summary.json", _json(summary))
+        return summary
 
     def abort(self) -> None:
-        self._examples.close()
+        """Leave the folder unfinished (its complete examples are kept for the next attempt)."""
+
+
+def _record(v: Verdict, root: Path) -> dict[str, Any]:
+    summary = dict(v.summary or {})
+    if summary.get("method") in RENAMED_METHODS:
+        summary["method"] = RENAMED_METHODS[summary["method"]]
+    return {"run_id": v.path.name, "path": v.path, "config": copy.deepcopy(v.config), "summary": summary,
+            "root": root}
 
 
 class RunStore:
@@ -148,44 +183,186 @@ class RunStore:
     def path(self, run_id: str) -> Path:
         return self.root / run_id
 
+    def lock(self, run_id: str) -> RunLock:
+        return RunLock(self.path(run_id))
+
+    def claim(self, lock: RunLock, wait: bool) -> bool:
+        """Take ``lock`` (waiting when ``wait``); a full disk is :class:`StoreFull`."""
+        try:
+            if wait:
+                lock.acquire()
+                return True
+            return lock.try_acquire()
+        except OSError as e:
+            if e.errno in FULL_DISK:
+                raise full_disk_error(lock.dir, self.root) from None
+            raise
+
+    def verdict(self, run_id: str) -> Verdict | None:
+        """What the folder of ``run_id`` is (None: no such folder)."""
+        p = self.path(run_id)
+        return inspect(p) if p.is_dir() else None
+
     def is_finished(self, run_id: str) -> bool:
-        return (self.path(run_id) / "summary.json").is_file()
+        """True when ``run_id`` is a finished run that proves itself (:mod:`viasd.tracking.proof`)."""
+        v = self.verdict(run_id)
+        return v is not None and v.finished
 
-    def open(self, run_id: str, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
-             resume: list[dict[str, Any]] | None = None) -> Run:
-        return Run(self.path(run_id), cfg, meta, resume)
+    def find(self, run_id: str) -> dict[str, Any] | None:
+        """``{"run_id", "path", "config", "summary", "root"}`` of a finished valid run, else None."""
+        v = self.verdict(run_id)
+        return _record(v, self.root) if v is not None and v.finished else None
 
-    def finished_runs(self) -> Iterator[dict[str, Any]]:
-        """Yield ``{"run_id", "path", "config", "summary"}`` for every finished run."""
+    def folders(self, label: str | None = None) -> list[Verdict]:
+        """The verdict on every run folder (reserved names left out), by name; ``label``: only the
+        folders whose name carries that method label (``ar``: the candidate baselines)."""
         if not self.root.is_dir():
-            return
-        for d in sorted(self.root.iterdir()):
-            s = d / "summary.json"
-            if s.is_file():
-                summary = json.loads(s.read_text())
-                if summary.get("method") in RENAMED_METHODS:
-                    summary["method"] = RENAMED_METHODS[summary["method"]]
-                yield {
-                    "run_id": d.name,
-                    "path": d,
-                    "config": yaml.safe_load((d / "config.yaml").read_text()),
-                    "summary": summary,
-                }
+            return []
+        return [inspect(d) for d in sorted(self.root.iterdir()) if d.is_dir() and not reserved(d.name)
+                and (label is None or d.name.split("__")[1:2] == [label])]
+
+    def finished_runs(self, label: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every finished valid run (see :meth:`find`), by run id (``label``: see :meth:`folders`)."""
+        for v in self.folders(label):
+            if v.finished:
+                yield _record(v, self.root)
+
+    def invalid_runs(self) -> list[Verdict]:
+        """The folders that are neither finished runs nor unfinished attempts, with their reasons."""
+        return [v for v in self.folders() if v.state == INVALID]
 
     def partial_examples(self, run_id: str) -> list[dict[str, Any]]:
         """Example records an unfinished (crashed or interrupted) run of ``run_id`` left behind,
-        up to the first incomplete line; [] for a finished or absent run."""
-        p = self.path(run_id) / "examples.jsonl"
-        if self.is_finished(run_id) or not p.is_file():
+        up to the first incomplete line; [] for a finished, invalid or absent run."""
+        v = self.verdict(run_id)
+        if v is None or v.state != UNFINISHED:
             return []
+        return self.examples(run_id)[: v.records]
+
+    def examples(self, run_id: str) -> list[dict[str, Any]]:
+        """The complete records of ``examples.jsonl`` (up to the first incomplete line)."""
         out = []
-        for line in p.read_text(encoding="utf-8").splitlines():
+        p = self.path(run_id) / "examples.jsonl"
+        for line in p.read_text(encoding="utf-8").splitlines() if p.is_file() else []:
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError:
+            except ValueError:
                 break
         return out
 
+    def open(self, run_id: str, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
+             resume: list[dict[str, Any]] | None = None) -> Run:
+        """Open the folder of ``run_id`` for writing (its lock held); a full disk while writing its
+        first files removes them again (no empty run folder) and raises :class:`StoreFull`."""
+        path = self.path(run_id)
+        fresh = not any((path / f).exists() for f in RECORD_FILES)
+        try:
+            return Run(path, cfg, meta, resume, self.root)
+        except StoreFull:
+            if fresh:
+                for f in RECORD_FILES:
+                    (path / f).unlink(missing_ok=True)
+            raise
+
+    def discard(self, run_id: str) -> None:
+        """Remove the run files of ``run_id`` (its lock held): for a run that stopped before its first
+        example (a full disk), so no folder without a single example is left behind."""
+        for f in RECORD_FILES:
+            (self.path(run_id) / f).unlink(missing_ok=True)
+
+    def drop_if_empty(self, run_id: str) -> None:
+        """Remove the folder of ``run_id`` if it holds nothing but lock files (call with the lock released)."""
+        path = self.path(run_id)
+        if path.is_dir() and all(p.name in (LOCK_NAME, HOLDER_NAME) for p in path.iterdir()):
+            for p in path.iterdir():
+                p.unlink(missing_ok=True)
+            path.rmdir()
+
+    def set_aside(self, run_id: str, reason: str, dest: Path | None = None) -> Path:
+        """Move the files of an invalid folder (not its lock) to ``dest/<run_id>`` (default
+        ``<store>/_invalid/<run_id>.<time>``), with the reason in ``reason.txt``; returns where."""
+        src = self.path(run_id)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = Path(dest) / run_id if dest else self.root / "_invalid" / f"{run_id}.{stamp}"
+        if dest.exists():
+            dest = dest.with_name(f"{dest.name}.{stamp}.{time.time_ns() % 10**6}")
+        dest.mkdir(parents=True)
+        for p in src.iterdir():
+            if p.name not in (LOCK_NAME, HOLDER_NAME):
+                shutil.move(str(p), str(dest / p.name))
+        atomic_write_text(dest / "reason.txt", reason + "\n")
+        return dest
+
+
+class RunStores:
+    """Several run stores read as one (read-only), first root first: a run id is looked up in
+    each root in turn, and a run listed once, from the first root that has it finished."""
+
+    def __init__(self, stores: list[RunStore]):
+        self.stores = stores
+        self.root = stores[0].root
+
+    @classmethod
+    def default(cls, user: str | Path | None = None, results: str | Path | None = "") -> RunStores:
+        """The user's store (``user``, default ``VIASD_RUNS_DIR`` or ``./runs``) and the results store
+        committed in the repository (``results``: default :func:`viasd.paths.results_dir`; None: left out)."""
+        stores = [RunStore(user or runs_dir())]
+        extra = results_dir() if results == "" else results
+        if extra is not None and Path(extra).resolve() != stores[0].root and Path(extra).is_dir():
+            stores.append(RunStore(extra))
+        return cls(stores)
+
+    def path(self, run_id: str) -> Path:
+        """The folder of ``run_id`` in the first root that has it finished (else in the first root)."""
+        found = self.find(run_id)
+        return found["path"] if found else self.stores[0].path(run_id)
+
+    def find(self, run_id: str) -> dict[str, Any] | None:
+        return next((r for s in self.stores if (r := s.find(run_id)) is not None), None)
+
+    def is_finished(self, run_id: str) -> bool:
+        return self.find(run_id) is not None
+
+    def verdict(self, run_id: str) -> Verdict | None:
+        """The first root's folder of ``run_id`` that exists (finished ones first)."""
+        verdicts = [v for s in self.stores if (v := s.verdict(run_id)) is not None]
+        return next((v for v in verdicts if v.finished), verdicts[0] if verdicts else None)
+
+    def finished_runs(self) -> Iterator[dict[str, Any]]:
+        seen: set[str] = set()
+        for s in self.stores:
+            for r in s.finished_runs():
+                if r["run_id"] not in seen:
+                    seen.add(r["run_id"])
+                    yield r
+
+    def invalid_runs(self) -> list[Verdict]:
+        return [v for s in self.stores for v in s.invalid_runs()]
+
     def examples(self, run_id: str) -> list[dict[str, Any]]:
-        p = self.path(run_id) / "examples.jsonl"
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.is_file() else []
+        found = self.find(run_id)
+        return RunStore(found["root"]).examples(run_id) if found else []
+
+
+def as_stores(store: RunStore | RunStores | None) -> RunStores:
+    """``store`` as a :class:`RunStores` (None: :meth:`RunStores.default`)."""
+    if store is None:
+        return RunStores.default()
+    return store if isinstance(store, RunStores) else RunStores([store])
+
+
+def find_run(run_id: str, store: RunStore | RunStores | None = None) -> dict[str, Any] | None:
+    """The finished valid run ``run_id`` from the user's store or the results store (None: neither has it)."""
+    return as_stores(store).find(run_id)
+
+
+def valid_runs(store: RunStore | RunStores | None = None) -> list[dict[str, Any]]:
+    """Every finished valid run of the user's store and the results store (user's first)."""
+    return list(as_stores(store).finished_runs())
+
+
+def invalid_lines(store: RunStore | RunStores) -> list[str]:
+    """One line per invalid folder of the store(s): ``invalid run folder PATH: REASON (not used)``."""
+    return [f"invalid run folder {v.path}: {v.reason} (not used; `python -m experiments.store check` lists them)"
+            for v in as_stores(store).invalid_runs()]
+

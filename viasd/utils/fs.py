@@ -5,7 +5,7 @@ through :func:`atomic_write_text` / :func:`atomic_write_json`: the bytes are wri
 temporary file in the destination's folder, flushed to disk, given the mode a plain
 ``open(path, "w")`` would give (0644 under the usual umask), and moved over the destination
 with ``os.replace`` — a reader sees the old file or the new one, never half of one, and an
-error leaves no temporary file behind. :func:`file_lock` is an inter-process lock built on
+error leaves no temporary file behind. Logs that grow line by line use :func:`append_text`. :func:`file_lock` is an inter-process lock built on
 the ``filelock`` library; a lock that stays taken longer than its timeout ends in one
 :class:`~viasd.errors.ConfigError` line naming the lock file.
 """
@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from viasd.errors import ConfigError
 
-__all__ = ["FILE_MODE", "atomic_write_json", "atomic_write_text", "file_lock", "jsonable"]
+__all__ = ["FILE_MODE", "append_text", "atomic_write_json", "atomic_write_text", "file_lock", "jsonable"]
 
 #: Mode of every written file before the umask, like ``open(..., "w")`` (0644 under umask 022).
 FILE_MODE = 0o666
@@ -72,6 +72,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted strict JSON (NaN/inf → ``null``) atomically to ``path``."""
     atomic_write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path`` and flush it (a log that grows line by line, like a run's
+    ``examples.jsonl``; created with the same mode as the atomic writes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
 
 
 @contextlib.contextmanager

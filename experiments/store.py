@@ -1,0 +1,96 @@
+"""``python -m experiments.store check [--move-aside DIR]`` | ``publish RUN_ID … [--to DIR]`` — the run stores.
+
+``check`` lists every folder of the local run store (``VIASD_RUNS_DIR``, default ``./runs``;
+``--runs``) and of the results store committed in the repository (``results/runs/``;
+``--results DIR|none``) that is not a finished run proving itself (:mod:`viasd.tracking.proof`):
+invalid folders with the reason, unfinished ones (the same command resumes them), empty ones,
+and those being written now (naming the process). Reserved names (``wandb``, ``bench``,
+``cost_curve``, ``_traces``, ``_cost``, anything starting with ``_`` or ``.``) are not run folders.
+Exit status 1 when a folder is invalid. ``--move-aside DIR`` moves the local store's invalid and
+empty folders (never one being written) to ``DIR/<name>/``.
+
+``publish`` copies finished runs (config, meta, summary, examples with token ids — no locks,
+W&B files or traces) from the local store into the results store (``--to``, default
+``results/runs/``), so the evidence behind committed tables travels with the repository. A normal
+run never writes there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from viasd.errors import one_line_errors
+from viasd.paths import results_dir, runs_dir
+from viasd.tracking.proof import EMPTY, FINISHED, INVALID, UNFINISHED
+from viasd.tracking.results import publish
+from viasd.tracking.store import RunStore, RunStores
+
+
+def check(stores: RunStores, move_aside: Path | None) -> int:
+    """Print the state of every store; move the first store's invalid/empty folders aside. Returns the exit status."""
+    invalid = 0
+    for i, store in enumerate(stores.stores):
+        verdicts = store.folders()
+        rows = []
+        for v in verdicts:
+            lock = store.lock(v.path.name)
+            if v.state in (UNFINISHED, EMPTY) and lock.is_locked():
+                rows.append(("being written", v, f"by {lock.describe()}"))
+            elif v.state == UNFINISHED:
+                rows.append(("unfinished", v, f"{v.records} complete examples; the same command resumes it"))
+            elif v.state in (INVALID, EMPTY):
+                rows.append((v.state, v, v.reason))
+        counts = {s: sum(r[0] == s for r in rows) for s in ("being written", "unfinished", EMPTY, INVALID)}
+        finished = sum(v.state == FINISHED for v in verdicts)
+        print(f"{'run store' if i == 0 else 'results store'} {store.root}: {finished} finished runs, "
+              + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        for state, v, why in rows:
+            print(f"  {state:<13} {v.path.name}: {why}")
+            if move_aside is not None and i == 0 and state in (INVALID, EMPTY):
+                print(f"  {'':<13} moved to {_move(store, v.path, move_aside)}")
+        invalid += counts[INVALID] if move_aside is None or i > 0 else 0
+    return 1 if invalid else 0
+
+
+def _move(store: RunStore, path: Path, dest: Path) -> Path:
+    lock = store.lock(path.name)
+    if not lock.try_acquire():
+        return path  # it started being written since it was listed: left alone
+    try:
+        target = store.set_aside(path.name, f"moved by `experiments.store check`: {store.verdict(path.name).reason}",
+                                 dest)
+    finally:
+        lock.release()
+    shutil.rmtree(path, ignore_errors=True)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--runs", default=None, help="local run store (default: $VIASD_RUNS_DIR or ./runs)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", parents=[common], help="list the folders that are not finished valid runs")
+    c.add_argument("--results", default="", help="results store checked too (default: results/runs; none: not)")
+    c.add_argument("--move-aside", type=Path, default=None, metavar="DIR",
+                   help="move the local store's invalid and empty folders to DIR/<name>/")
+    p = sub.add_parser("publish", parents=[common],
+                       help="copy finished runs into the results store committed in the repository")
+    p.add_argument("run_ids", nargs="+")
+    p.add_argument("--to", type=Path, default=None, help="results store (default: results/runs)")
+    args = ap.parse_args(argv)
+    user = args.runs or runs_dir()
+    with one_line_errors():
+        if args.cmd == "check":
+            return check(RunStores.default(user, None if args.results == "none" else args.results), args.move_aside)
+        dest = args.to or results_dir()
+        for run_id, what in publish(args.run_ids, RunStore(user), dest):
+            print(f"{run_id}: {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""What names a run: its identity config (resolved config plus the SHA-256 of every input file it
+reads), the input files themselves, the slim mask a method resolves to, and the per-process
+pair cache. :func:`identity` is what :func:`~viasd.tracking.ids.run_id_for` hashes into a run id
+(``viasd.harness.runner`` runs it; reports, dry runs and the store recompute it without decoding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from viasd.dimr.masks import mask_path, resolve_plan
+from viasd.harness.config import drop_unset, unpin_local_hub
+from viasd.models.pairs import MASK_OPTIONS, store_name
+from viasd.paths import data_dir
+from viasd.tasks.loading import resolve_source
+from viasd.tracking.store import file_sha256
+
+_PAIRS: dict[str, Any] = {}
+
+
+def cached_pair(pair_cfg: DictConfig):
+    """Load a pair once per process (grids reuse it across cells)."""
+    from viasd.models.pairs import load_pair
+
+    key = json.dumps(OmegaConf.to_container(pair_cfg, resolve=True), sort_keys=True)
+    if key not in _PAIRS:
+        _PAIRS.clear()  # keep one pair in memory
+        _PAIRS[key] = load_pair(pair_cfg)
+    return _PAIRS[key]
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def _sha(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _HASHES:
+        _HASHES[key] = file_sha256(path)
+    return _HASHES[key]
+
+
+def input_files(cfg: DictConfig) -> dict[str, Path]:
+    """Every existing input file a run of ``cfg`` reads: ``{config key: path}``.
+
+    The task's prompt file (``task.path``) or offline data file (``task.offline_file``, relative
+    to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` or a
+    ``.json`` path resolves to. Missing files are left out (the task/mask loader reports them).
+    """
+    files: dict[str, Path] = {}
+    task = cfg.get("task") or {}
+    if task.get("path"):
+        files["task.path"] = Path(str(task.path)).expanduser().resolve()
+    if task.get("offline_file") and task.get("source", "offline") != "hub":
+        p = Path(str(task.offline_file))
+        base = None if p.is_absolute() else data_dir(required=False)
+        if p.is_absolute() or base is not None:
+            files["task.offline_file"] = p if p.is_absolute() else base / p
+    slim = (cfg.get("method") or {}).get("slim") if isinstance(cfg.get("method"), DictConfig) else None
+    if slim is not None and isinstance(slim.get("mask"), str):
+        mask = slim.mask
+        if mask == "auto":
+            name = store_name(OmegaConf.to_container(cfg.pair, resolve=True))  # pair=hf: hf-<checkpoint>
+            files["method.slim.mask"] = mask_path(name, float(slim.get("keep_ratio", 0.5)),
+                                                  str(slim.get("objective", "kl")))
+        elif mask.endswith(".json"):
+            files["method.slim.mask"] = Path(mask).expanduser().resolve()
+    return {k: p for k, p in files.items() if p.is_file()}
+
+
+def layers_sha256(layers: list[int] | None) -> str:
+    """The hash a slim mask given as a layer list (not a file) is recorded under."""
+    return hashlib.sha256(json.dumps(layers).encode()).hexdigest()
+
+
+def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str]:
+    """``{"method.slim.mask": sha256}`` of the pair-shipped layer list a ``method.slim.mask: auto``
+    resolves to when no mask artifact is cached (empty otherwise): the hash
+    :func:`slim_mask_used` records, so a run's id follows the mask it reads, and runs that never
+    read one keep their id when a pair config ships a new mask."""
+    slim = OmegaConf.select(cfg, "method.slim", default=None)
+    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto":
+        return {}
+    shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
+    layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
+    if layers is None:
+        return {}
+    return {"method.slim.mask": layers_sha256([int(i) for i in layers])}
+
+
+def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
+    """The resolved config that names a run (``run_id_for`` of it), per entry (run/search/kl).
+
+    Includes ``inputs``: ``{config key: sha256}`` of every file of :func:`input_files` and of a
+    pair-shipped slim mask (:func:`shipped_mask_input`), so an edited prompt/data/mask gives a new
+    run id (KL runs: the mask only); the pair's slim-verifier options themselves
+    (``pair.options.slim_layers`` / ``slim_fallback``) are left out; leaves out the keys the config
+    schemas add at their unset value (:func:`~viasd.harness.config.drop_unset`), and a run that reads
+    its task's offline file records a hub revision pinned after it as ``main``
+    (:func:`~viasd.harness.config.unpin_local_hub`), so older run ids stay valid.
+    """
+    resolved = drop_unset(OmegaConf.to_container(cfg, resolve=True))
+    entry = entry or OmegaConf.select(cfg, "exp.entry", default="run")
+    options = (resolved.get("pair") or {}).get("options")
+    if isinstance(options, dict):  # shipped masks are inputs of the methods that read them, not the pair's
+        for key in MASK_OPTIONS:
+            options.pop(key, None)
+    task = cfg.get("task")
+    if task is not None and task.get("hub") and \
+            resolve_source(task.get("source", "auto"), task.get("offline_file"), task.hub, str(task.name)) == "local":
+        unpin_local_hub(resolved)
+    if entry in ("run", "kl"):
+        inputs = {k: _sha(p) for k, p in input_files(cfg).items()}
+        inputs.update(shipped_mask_input(cfg, inputs))
+        resolved["inputs"] = inputs if entry == "run" else {k: v for k, v in inputs.items() if k.startswith("method.")}
+    if entry == "search":
+        resolved["method"] = {"name": "dimr_search"}
+        resolved["task"] = {"name": "calibration"}
+    elif entry == "kl":
+        resolved["method"] = {"name": "kl_geometry", "slim": resolved.get("method", {}).get("slim", {})}
+        resolved["task"] = {"name": "+".join(cfg.search.calibration)}
+    return resolved
+
+
+def _prepare(cfg: DictConfig) -> None:
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | None:
+    """``{"layers", "source", "sha256"}`` of the slim verifier a method config resolves to (None: no slim).
+
+    ``sha256`` is the mask artifact's file hash when one is read, else the hash of the layer list.
+    """
+    slim = getattr(mcfg, "slim", None)
+    if slim is None:
+        return None
+    _, plan, desc = resolve_plan(pair, slim)
+    layers = list(plan.layers) if plan is not None else None
+    sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
+    return {"layers": layers, "source": desc,
+            "sha256": sha or layers_sha256(layers)}

@@ -50,6 +50,7 @@ from viasd.harness.identity import (  # noqa: F401  (re-exported: what names a r
     input_files,
     slim_mask_used,
 )
+from viasd.harness.prereq import require_mask
 from viasd.harness.summary import (  # noqa: F401  (aggregate, EXAMPLE_ONLY, SUMMARY_KEYS: re-exported)
     EXAMPLE_ONLY,
     SUMMARY_KEYS,
@@ -60,7 +61,6 @@ from viasd.harness.summary import (  # noqa: F401  (aggregate, EXAMPLE_ONLY, SUM
 )
 from viasd.methods.api import METHODS, decode, method_config, warm_up
 from viasd.paths import data_dir
-from viasd.harness.prereq import require_mask
 from viasd.tasks import build_task
 from viasd.tasks.length import fit_examples
 from viasd.tracking.baseline import tier_shares

@@ -40,6 +40,10 @@ IDENTITY_UNSET: dict[str, Any] = {
     "generation.stop_strings": [],
     "generation.eos_token_ids": None,
     "method.drafter.lookup_min": None,
+    # via_sd's gate variants and free audit (issue 26): at these values a run is what it was before them.
+    "method.tier1_needs_slim_argmax": False,
+    "method.tier1_min_draft_confidence": 0.0,
+    "method.audit": True,
 }
 
 

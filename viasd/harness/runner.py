@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig, to_dataclass
 from viasd.dimr.masks import mask_path, resolve_plan
-from viasd.engine.result import DecodeResult
+from viasd.engine.result import aggregate
 from viasd.errors import RunInterrupted
 from viasd.harness.config import drop_unset
 from viasd.methods.api import METHODS, decode, method_config, warm_up
@@ -39,25 +39,6 @@ log = logging.getLogger(__name__)
 
 SUMMARY_KEYS = ("method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s",
                 "rejection_rate", "target_calls_per_token", "mean_accepted", "speedup_vs_ar", "speedup_at_quality")
-
-
-def aggregate(results: list[DecodeResult] | list[dict[str, Any]]) -> dict[str, Any]:
-    """Corpus-level decoding statistics: sums of counters, ratios of sums (results or their summaries)."""
-    tot: dict[str, float] = {}
-    for r in results:
-        for k, v in (r.summary() if isinstance(r, DecodeResult) else r).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
-                    "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call",
-                    "target_calls_per_token"):
-                tot[k] = tot.get(k, 0) + (0 if isinstance(v, float) and math.isnan(v) else v)
-    new, wall = tot.get("new_tokens", 0), tot.get("wall_s", 0.0)
-    drafted, accepted, rounds = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("rounds", 0)
-    tot["tokens_per_s"] = new / wall if wall else math.nan
-    tot["rejection_rate"] = 1 - accepted / drafted if drafted else math.nan
-    tot["mean_accepted"] = new / rounds if rounds else math.nan
-    tot["tokens_per_target_call"] = new / tot["target_calls"] if tot.get("target_calls") else math.nan
-    tot["target_calls_per_token"] = tot["target_calls"] / new if new and "target_calls" in tot else math.nan
-    return tot
 
 
 # Keys of an example record that are not decoding statistics.

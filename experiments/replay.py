@@ -10,7 +10,9 @@ each expanded the same way (``conf/replay/``). Without a policy the run's own is
 checked against its counters. Per policy it prints tier shares, calls per model, tier-1/2
 precision with Wilson 95% intervals, divergences from the trajectory and the cost model's
 predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
-policy with a run's ``summary.json`` counter keys. Greedy runs only (exact; ``docs/replay.md``).
+policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]`` writes the frontier as a
+Markdown/LaTeX table and a figure. Greedy runs are replayed exactly, sampled ones as expected
+counters of ``sd`` (``docs/replay.md``).
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 import viasd.harness  # noqa: F401  (registers the config schemas the method YAMLs extend)
+from experiments.trace import argv_or_help
 from viasd.analysis.cost import CostModel, find_cost
+from viasd.analysis.paired import resolve_run_id
 from viasd.analysis.replay import Policy, TraceSet, replay
 from viasd.analysis.trace import trace_dir
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
 from viasd.paths import PROJECT_ROOT, runs_dir
+from viasd.report.replayed import write_frontier
 from viasd.tracking.store import RunStore, method_label
 from viasd.utils.fs import atomic_write_json
 
-CONTROL = ("run", "grid", "out", "examples", "cost", "runs_dir")
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -95,22 +100,24 @@ def _cell(v: Any, fmt: str = "{:.2f}") -> str:
 def table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
-        prec = {t: (f"{_cell(r[f'precision/tier{t}'])} [{_cell(r[f'precision/tier{t}_lo'])}, "
-                    f"{_cell(r[f'precision/tier{t}_hi'])}] n={r[f'precision/tier{t}_n']}")
+        prec = {t: (f"{_cell(r.get(f'precision/tier{t}'))} [{_cell(r.get(f'precision/tier{t}_lo'))}, "
+                    f"{_cell(r.get(f'precision/tier{t}_hi'))}] n={r.get(f'precision/tier{t}_n', 0)}")
                 for t in (1, 2)}
-        rows.append([r["method"], _cell(r.get("target_calls_per_token")), _cell(r.get("rejection_rate")),
+        calls = " / ".join(f"{m} {_cell(r.get(f'{m}_calls'), '{:.0f}')}" for m in ("target", "slim", "draft", "self_draft")
+                           if r.get(f"{m}_calls"))
+        rows.append([r["method"], calls, _cell(r.get("target_calls_per_token")), _cell(r.get("rejection_rate")),
                      " / ".join(_cell(r.get(f"tier_share/tier{t}"), "{:.0%}") for t in (1, 2, 3)),
-                     prec[1], prec[2], _cell(r["divergences_per_100"]), _cell(r["tokens_to_first_divergence"], "{:.0f}"),
-                     _cell(r.get("predicted_speedup"), "{:.2f}x"), "yes" if r["exact"] else "estimate"])
-    return pd.DataFrame(rows, columns=["policy", "target calls/token", "rejection", "tier 1/2/3", "tier-1 precision",
+                     prec[1], prec[2], _cell(r.get("divergences_per_100")),
+                     _cell(r.get("tokens_to_first_divergence"), "{:.0f}"), _cell(r.get("predicted_speedup"), "{:.2f}x"),
+                     "expected (sampled run)" if r.get("expected") else "yes" if r["exact"] else "estimate"])
+    return pd.DataFrame(rows, columns=["policy", "forward calls", "target calls/token", "rejection", "tier 1/2/3", "tier-1 precision",
                                        "tier-2 precision", "div./100 tok", "tokens to 1st div.", "predicted speedup",
                                        "exact"]).to_markdown(index=False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    argv = argv_or_help(argv, __doc__)
+    if argv is None:
         return 0
     with one_line_errors():
         ctl = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] in CONTROL}
@@ -118,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if "run" not in ctl:
             raise ConfigError("name the traced run: run=<run id>")
         store = RunStore(ctl.get("runs_dir") or runs_dir())
-        if not store.is_finished(ctl["run"]):
-            raise ConfigError(f"no finished run {ctl['run']!r} in {store.root}")
+        ctl["run"] = resolve_run_id(store, ctl["run"])
         folder = trace_dir(store.root, ctl["run"])
         if not (folder / "index.json").is_file():
             raise ConfigError(f"run {ctl['run']} has no traces; run `python -m experiments.trace run={ctl['run']}`")
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()))
         n = int(ctl["examples"]) if "examples" in ctl else None
         idx = list(range(min(n, traces.n_examples))) if n else None
+        if float(traces.meta.get("temperature", 0.0)) > 0:
+            cost = None  # expected counters: no per-call trace to price
         ar_s = replay(traces, Policy("ar", ARConfig()), cost, idx)["wall_s"] if cost else None
         t0, results = time.perf_counter(), []
         for p in policies:
@@ -155,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     if "out" in ctl:
         atomic_write_json(Path(ctl["out"]), results)
         print(f"wrote {ctl['out']}")
+    if "report" in ctl:  # DIR/NAME: the frontier as a table and a figure
+        target = Path(ctl["report"])
+        for p in write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", "")):
+            print(f"wrote {p}")
     return 0
 
 

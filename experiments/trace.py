@@ -24,6 +24,7 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from viasd.analysis.paired import resolve_run_id
 from viasd.analysis.trace import Example, TraceSettings, subjects_for, trace_dir, trace_run
 from viasd.config import to_dataclass
 from viasd.errors import ConfigError, one_line_errors
@@ -56,6 +57,15 @@ def parse_args(argv: list[str], schema: type) -> Any:
     if bad:
         raise ConfigError(f"arguments are key=value (got {bad[0]!r}); see `python -m {schema.__module__} --help`")
     return to_dataclass(schema, OmegaConf.to_container(OmegaConf.from_dotlist(argv)), where="")
+
+
+def argv_or_help(argv: list[str] | None, doc: str) -> list[str] | None:
+    """The command's arguments, or None after printing ``doc`` for ``-h``/``--help``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc)
+        return None
+    return argv
 
 
 def parse_mask(item: Any, default_keep: float) -> SlimConfig:
@@ -96,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     from viasd.models.pairs import load_pair
     from viasd.tasks import build_task
 
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+    argv = argv_or_help(argv, __doc__)
+    if argv is None:
         return 0
     with one_line_errors():
         args = parse_args(argv, TraceArgs)
@@ -106,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("name the finished run to trace: run=<run id> (its folder name in the run store)")
         torch.set_num_threads(int(args.threads))
         store = RunStore(args.runs_dir or runs_dir())
-        if not store.is_finished(args.run):
-            raise ConfigError(f"no finished run {args.run!r} in {store.root}")
+        args.run = resolve_run_id(store, args.run)
         cfg = yaml.safe_load((store.path(args.run) / "config.yaml").read_text())
         records = store.examples(args.run)[: args.examples]
         slims, selves, temps = own_models(cfg["method"])
@@ -127,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         examples = [Example(pair.encode(r["prompt"]), list(r["token_ids"])) for r in records]
         subjects = subjects_for(pair, slims, args.draft, args.intermediate, selves)
         meta = {"run_id": args.run, "max_new_tokens": int(max_new), "temperature": temperature,
+                "top_k": int(gen.get("top_k") or 0), "top_p": float(gen.get("top_p") or 1.0),
                 "encoder_decoder": pair.is_encoder_decoder, "method": cfg["method"].get("name"),
                 "task": (cfg.get("task") or {}).get("name")}
         folder = trace_dir(store.root, args.run)

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments import replay as replay_cmd
 from experiments import trace as trace_cmd
+from tests.test_families import family_pair
 from viasd.analysis.replay import Policy, TraceSet, replay
 from viasd.analysis.trace import Example, TraceSettings, subjects_for, trace_run
 from viasd.engine.result import aggregate
@@ -37,14 +38,7 @@ MORE = [("sd", {"gamma": 3, "drafter": {"name": "hybrid"}}),
         ("via_sd", {**MASK, "drafter": {"name": "hybrid"}, "tier1_needs_slim_argmax": True}),
         ("via_sd", {**MASK, "tier1_min_draft_confidence": 0.2, "drafter": {"name": "self", "layers": [0, 2]}}),
         ("via_sd", {**MASK, "drafter": {"name": "cascade"}})]
-_PAIRS: dict[str, ModelPair] = {}
-
-
-def tiny(family: str) -> ModelPair:
-    if family not in _PAIRS:
-        draft, target, tok = build_tiny_pair(family)
-        _PAIRS[family] = ModelPair(name=f"tiny-{family}", target=target, draft=draft, tokenizer=tok)
-    return _PAIRS[family]
+tiny = family_pair  # the session-cached tiny pair of each family
 
 
 def traced(pair, tmp_path, prompts, outputs, slims=(), selves=(), temps=(1.0,), max_new=GEN["max_new_tokens"],
@@ -140,7 +134,9 @@ def test_trace_and_replay_commands_on_a_finished_run(runs_dir, tmp_path, capsys)
     grid.write_text("policies:\n  - {method: [sd, sd_ngram]}\n"
                     "  - {method: via_sd, method.slim.mask: '[0,1,3]', method.tau_accept: [0.5, 1.1]}\n")
     assert replay_cmd.main([f"run={rid}", f"grid={grid}", "method=via_sd", "method.slim.keep_ratio=0.5",
-                            "method.slim.mask=every_other", "method.tau_slim=0.3,1.1", f"out={out}"]) == 0
+                            "method.slim.mask=every_other", "method.tau_slim=0.3,1.1", f"out={out}",
+                            f"report={tmp_path / 'f'}"]) == 0
+    assert (tmp_path / "f.md").read_text().count("| via_sd") == 4 and (tmp_path / "f.png").is_file()
     assert [r["method"] for r in json.loads(out.read_text())] == [
         "via_sd slim.keep_ratio=0.5 slim.mask=every_other tau_slim=0.3",
         "via_sd slim.keep_ratio=0.5 slim.mask=every_other tau_slim=1.1", "sd", "sd_ngram",
@@ -150,3 +146,23 @@ def test_trace_and_replay_commands_on_a_finished_run(runs_dir, tmp_path, capsys)
         replay_cmd.main([f"run={rid}", "method=via_sd", "method.slim.mask=first_k"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "no trace of 'first_k@0.80'" in err and "experiments.trace run=" in err
+
+
+def test_a_sampled_run_gives_expected_sd_counters(tmp_path):
+    """A draft equal to the target (the extra layers' residual damped to 0): every acceptance probability
+    is 1, so the expected counters are exactly a real sampled sd run's."""
+    draft, target, tok = build_tiny_pair("llama", damp=0.0)
+    pair = ModelPair(name="tiny-same", target=target, draft=draft, tokenizer=tok)
+    gen = {"max_new_tokens": 14, "ignore_eos": True, "temperature": 1.0}
+    ar = decode(pair, pair.encode(PROMPTS[0]), "ar", {}, gen, seed=3)
+    folder = tmp_path / "s"
+    meta = {"run_id": "s", "max_new_tokens": 14, "temperature": 1.0, "encoder_decoder": False}
+    trace_run(folder, pair, [Example(pair.encode(PROMPTS[0]), ar.tokens)], subjects_for(pair),
+              TraceSettings(topk=100_000), meta, log=lambda s: None)
+    out = replay(TraceSet(folder), Policy("sd", method_config("sd", {"gamma": 3})))
+    sd = decode(pair, pair.encode(PROMPTS[0]), "sd", {"gamma": 3}, gen, seed=3)
+    assert out["expected"] and not out["exact"]
+    assert out["target_calls"] == pytest.approx(sd.models["target"].calls, abs=1e-3)
+    assert out["accepted"] == pytest.approx(sd.counters.accepted, abs=1e-3)
+    with pytest.raises(Exception, match="sampling replay covers sd only"):
+        replay(TraceSet(folder), Policy("via_sd", method_config("via_sd", MASK)))

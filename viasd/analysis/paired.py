@@ -23,6 +23,7 @@ import yaml
 from viasd.analysis.cost import CostModel, find_cost, predict_example
 from viasd.analysis.stats import Paired, quality_delta, speedup_ci
 from viasd.engine.routing import default_self_layers
+from viasd.errors import ConfigError
 from viasd.tracking.baseline import PRIMARY, workload_key
 from viasd.tracking.store import RunStore
 
@@ -36,6 +37,18 @@ def load_run(store: RunStore, run_id: str) -> dict[str, Any] | None:
     return {"run_id": run_id, "config": yaml.safe_load((path / "config.yaml").read_text()),
             "summary": json.loads((path / "summary.json").read_text()),
             "meta": json.loads(meta.read_text()) if meta.is_file() else {}, "examples": store.examples(run_id)}
+
+
+def resolve_run_id(store: RunStore, spec: str) -> str:
+    """A finished run's id from its id or a unique prefix of it (``smollm2__ar__prompts``)."""
+    if store.is_finished(spec):
+        return spec
+    hits = [r["run_id"] for r in store.finished_runs() if r["run_id"].startswith(spec)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise ConfigError(f"run={spec} matches {len(hits)} finished runs ({', '.join(hits[:4])}…); name one")
+    raise ConfigError(f"no finished run {spec!r} in {store.root} (an id or a unique prefix of one)")
 
 
 def workload_without_subset(config: dict[str, Any]) -> dict[str, Any]:

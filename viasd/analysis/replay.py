@@ -16,7 +16,8 @@ would emit that differs from the trajectory; the replay then commits the traject
 place (counted in ``replay/divergences``) and goes on, so later counters are estimates. Draft-side
 counters of cascades and of the confidence length policy are estimates (the draft's outputs after
 a rejected token are not in the trace), as are gates that read a token outside the trace's top-k
-(``replay/gate_undetermined``: such a token gets agreement 0). Sampling runs are refused.
+(``replay/gate_undetermined``: such a token gets agreement 0). Sampled runs give *expected*
+counters of ``sd`` (:mod:`viasd.analysis.expect`), marked ``expected``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from viasd.analysis.cost import CostModel
+from viasd.analysis.expect import expected_summary
 from viasd.analysis.sim import LookupSim, Model, SimStream, Trajectory, build_drafter, greedy_verify
 from viasd.analysis.stats import wilson
 from viasd.analysis.trace import Rows, TraceFile, layers_key, read_index, slim_key
@@ -318,10 +320,15 @@ def replay(traces: TraceSet, policy: Policy, cost: CostModel | None = None, exam
     Wilson 95% ``_lo``/``_hi``), ``divergences_per_100``, ``tokens_to_first_divergence`` (mean per
     example), ``predicted_*`` (with a cost model; ``predicted_speedup`` over ``ar_seconds``) and
     ``exact``/``estimated`` (which counters are estimates)."""
-    if float(traces.meta.get("temperature", 0.0)) > 0:
-        raise ConfigError("replay is exact for greedy runs only; this run sampled "
-                          f"(temperature {traces.meta['temperature']}): replay a greedy run")
     idx = list(range(traces.n_examples)) if examples is None else examples
+    temperature = float(traces.meta.get("temperature", 0.0))
+    if temperature > 0:  # a sampled run: expected counters of sd, not the run's draws (viasd.analysis.expect)
+        if traces.meta.get("top_k") or float(traces.meta.get("top_p", 1.0)) < 1.0:
+            raise ConfigError("sampling replay needs plain temperature sampling (this run set top_k/top_p)")
+        out = expected_summary(traces, idx, policy, temperature)
+        return {**out, "method": policy.label or policy.method, "method_impl": policy.method, "n_examples": len(idx),
+                "replay_of": traces.meta.get("run_id"), "overrides": policy.overrides, "expected": True,
+                "exact": False, "estimated": sorted(out)}
     results = [replay_example(traces, i, policy, cost) for i in idx]
     out = {"replay/divergences": 0, "replay/gate_undetermined": 0, **aggregate(results)}
     out.update({"method": policy.label or policy.method, "method_impl": policy.method, "n_examples": len(idx),

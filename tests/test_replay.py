@@ -166,3 +166,11 @@ def test_a_sampled_run_gives_expected_sd_counters(tmp_path):
     assert out["accepted"] == pytest.approx(sd.counters.accepted, abs=1e-3)
     with pytest.raises(Exception, match="sampling replay covers sd only"):
         replay(TraceSet(folder), Policy("via_sd", method_config("via_sd", MASK)))
+
+
+def test_the_shipped_frontier_grid_has_200_policies_that_compose():
+    groups = replay_cmd.grid_overrides(str(PROJECT_ROOT / "conf" / "replay" / "via_sd_frontier.yaml"))
+    assert len(groups) >= 200 and sum(g[0] == "method=via_sd" for g in groups) >= 200
+    policies = replay_cmd.policies_for(groups[:4] + groups[-2:])
+    assert [p.method for p in policies] == ["sd", "sd", "sd", "cascade_sd", "via_sd", "via_sd"]
+    assert policies[-1].cfg.tier1_min_draft_confidence == 0.8 and policies[0].cfg.drafter.name == "model"

@@ -143,6 +143,8 @@ class Episode:
 
     def stream(self, name: str, model: str = "target", layers: int | None = None) -> SimStream:
         if name not in self.streams:
+            if self.cost is not None and model == "intermediate" and model not in self.cost.models:
+                model = "draft"  # the pair's intermediate is its draft (priced once by the bench)
             price = self.cost.pricer(model, layers) if self.cost is not None else None
             self.streams[name] = SimStream(self.traj, price)
         return self.streams[name]
@@ -243,7 +245,7 @@ def _spec(stream: str, cfg) -> str:
 def _via_sd(ep: Episode, cfg) -> None:
     spec = slim_key(cfg.slim)
     f = ep.traces.file(spec)
-    slim_cost = ("intermediate", None) if f.meta["role"] == "intermediate" else ("target", f.meta["n_layers"])
+    slim_cost = ("intermediate", None) if f.meta["role"] in ("intermediate", "draft") else ("target", f.meta["n_layers"])
     target, slim_stream = ep.stream("target"), ep.stream("slim", *slim_cost)
     drafter = build_drafter(ep, cfg.drafter, None)
     slim = ep.model(spec, "slim")

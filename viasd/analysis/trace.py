@@ -301,7 +301,10 @@ def subjects_for(pair, slims: list = (), draft: bool = True, intermediate: bool 
     if intermediate or any(str(getattr(s, "mask", "")) == "independent" for s in slims):
         if pair.intermediate is None:
             raise ConfigError(f"pair {pair.name!r} has no intermediate model to trace (set pair.intermediate.id)")
-        subjects.append(Subject("intermediate", pair.intermediate, None, ["intermediate"]))
+        if pair.intermediate is pair.draft and len(subjects) == 2:  # one model in memory: one trace serves both
+            subjects[1].specs.append("intermediate")
+        else:
+            subjects.append(Subject("intermediate", pair.intermediate, None, ["intermediate"]))
     masks: dict[tuple[int, ...], Subject] = {}
     for layers, spec in [*((lay, "self:default" if lay is None else None) for lay in selves),
                          *((None, s) for s in slims)]:

@@ -11,11 +11,13 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
+from experiments import bench as bench_cmd
 from experiments import cost as cost_cmd
 from experiments import replay as replay_cmd
 from experiments import trace as trace_cmd
 from viasd.analysis.cost import COST, CostModel, cost_name, find_cost, predict_example
 from viasd.harness.runner import run
+from viasd.models.pairs import load_pair
 from viasd.paths import PROJECT_ROOT
 
 NS, CTX, PRE = [1, 2, 4, 8], [0, 1000], [64, 256]
@@ -68,7 +70,7 @@ def test_find_cost_prefers_this_host_and_the_runtime(tmp_path):
     assert find_cost(tmp_path, "other", runtime, 1) is None
 
 
-def test_bench_cost_curve_stores_the_cost_model_once(tmp_path):
+def test_bench_cost_curve_stores_the_cost_model_once(tmp_path, capsys):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     args = [sys.executable, "-m", "experiments.bench", "--cost-curve", "pair=tiny-llama", "curve.ks=2", "curve.reps=1",
             "curve.context=16", f"curve.out={tmp_path / 'c.json'}", f"curve.store={tmp_path}", "curve.backends=[eager]",
@@ -80,8 +82,10 @@ def test_bench_cost_curve_stores_the_cost_model_once(tmp_path):
     cost = CostModel.load(path)
     assert set(cost.models) == {"target", "draft"} and cost.models["target"].n_layers == 4
     assert cost.price("target", 4, 32, last=4) > 0 and cost.price("target", 1, 32, layers=2) > 0
-    again = subprocess.run(args, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert "cost model reused" in again.stdout
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):  # once per machine
+        cfg = compose(config_name="bench", overrides=[a for a in args[4:] if not a.startswith("curve.backends")])
+    bench_cmd.store_cost_model(cfg, load_pair("tiny-llama"), "eager")
+    assert "cost model reused" in capsys.readouterr().out
 
 
 def _run(*overrides):

@@ -268,12 +268,12 @@ def _via_sd(ep: Episode, cfg) -> None:
         n, token = 0, None
         if route.action == ESCALATE:
             start = route.verify_from
-            extra = audit.rows(start) if cfg.audit else 0
-            target.call(t, y, last=k - start + 1 + extra)
-            if extra:
+            audited = audit.rows(start) if cfg.audit else 0
+            target.call(t, y, last=k - start + 1 + audited)
+            if audited:
                 back = t - len(audit.pending)  # the pending tokens are the last committed ones
                 greedy = [ep.target.argmax(back + j, []) if back + j < t else ep.target.argmax(t, y[:back + j - t])
-                          for j in range(extra)]
+                          for j in range(audited)]
                 audit.check(ep.c, greedy, y[:start], token_tiers(route, start))
             n, token = greedy_verify(y[start:], ep.target.argmaxes(ep.traj.rows(t, y)[start:]))
         tokens = round_tokens(route, y, n, token)

@@ -157,11 +157,11 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         n, token = 0, None
         if route.action == ESCALATE:
             start = route.verify_from
-            extra = audit.rows(start) if cfg.audit else 0  # the free audit: rows of the unverified tokens too
-            logits = full.logits(block, last=k - start + 1 + extra)[0]
-            if extra:
-                audit.check(c, logits[:extra].argmax(-1).tolist(), y[:start].tolist(), token_tiers(route, start))
-            n, token = verify_block(y[start:], p[start:], probs_from_logits(logits[extra:], gen), rng)
+            audited = audit.rows(start) if cfg.audit else 0  # the free audit: rows of the unverified tokens too
+            logits = full.logits(block, last=k - start + 1 + audited)[0]
+            if audited:
+                audit.check(c, logits[:audited].argmax(-1).tolist(), y[:start].tolist(), token_tiers(route, start))
+            n, token = verify_block(y[start:], p[start:], probs_from_logits(logits[audited:], gen), rng)
         tokens = round_tokens(route, y.tolist(), n, token)
         emitted = out.commit(tokens)
         audit.commit(tokens[:emitted], token_tiers(route, emitted), route.action == ESCALATE)

@@ -7,6 +7,10 @@ goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``).
 instead prints, per model of the pair (draft, slim verifier at ``curve.keep_ratio``, target) and
 per backend, the forward time for 1..``curve.ks`` new tokens after ``curve.context`` cached ones as
 ratios t(k)/t(1), and the bandwidth floor; JSON goes to ``curve.out`` (default: the run store).
+It also measures the pair's *cost model* once per machine, pair and runtime (``curve.cost``:
+``t(n, context)`` per model on a grid, routed passes fitted per layer, the cost of an extra
+logits row) into ``<curve.store>/_cost/``, which every replayed policy and ``experiments.compare``
+price forward calls with (``viasd.analysis.cost``); ``curve.cost.remeasure=true`` measures again.
 """
 
 from __future__ import annotations
@@ -89,11 +93,19 @@ def run_cost_curve(cfg: DictConfig) -> None:
         return p
 
     args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio), str(c.clock))
+    runs_backend = resolve_backend(str(cfg.pair.backend), cfg.pair.device)  # what runs of this pair use
     if c.interleave:
-        rows = cost_curve_rows({b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}, *args)
+        by_backend = {b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}
+        rows = cost_curve_rows(by_backend, *args)
+        if runs_backend in by_backend:
+            store_cost_model(cfg, by_backend[runs_backend], runs_backend)
     else:
-        rows = [r for i, b in enumerate(backends)
-                for r in cost_curve_rows({b: pair if i == 0 else variant(b)}, *args)]
+        rows = []
+        for i, b in enumerate(backends):
+            p = pair if i == 0 else variant(b)  # packed in place: measure the cost model while it is b
+            rows += cost_curve_rows({b: p}, *args)
+            if b == runs_backend:
+                store_cost_model(cfg, p, b)
     print(f"\npair={pair.name} dtype={pair.extras['runtime']['dtype']} threads={torch.get_num_threads()} "
           f"context={c.context} reps={c.reps} clock={c.clock} interleaved={c.interleave} "
           f"read bandwidth={bandwidth / 1e9:.1f} GB/s")
@@ -103,6 +115,46 @@ def run_cost_curve(cfg: DictConfig) -> None:
                              "read_bandwidth_Bps": bandwidth,
                              "dtype": pair.extras["runtime"]["dtype"]})
     print(f"wrote {c.out}")
+
+
+def store_cost_model(cfg: DictConfig, pair, backend: str) -> None:
+    """Measure the pair's cost file (``viasd.analysis.cost``) once per machine, pair and runtime into
+    ``<curve.store>/_cost/`` (reused unless ``curve.remeasure``); prints what it holds."""
+    import platform
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from viasd.analysis.cost import COST, CostModel, cost_name
+    from viasd.config import to_dataclass
+    from viasd.harness.bench import CostGrid, measure_cost_model
+    from viasd.paths import runs_dir
+
+    m = to_dataclass(CostGrid, cfg.curve.get("cost"), where="curve.cost")
+    if not m.enabled:
+        return
+    runtime = {**pair.extras.get("runtime", {}), "backend": backend}
+    runtime.pop("dtype_probe", None)
+    store = Path(str(cfg.curve.get("store") or runs_dir()))
+    path = store / COST / cost_name(pair.name, runtime, torch.get_num_threads())
+    if path.is_file() and not m.remeasure:
+        print(f"cost model reused: {path} (curve.cost.remeasure=true measures it again)")
+        return
+    print(f"measuring the cost model of {pair.name} ({backend}, {torch.get_num_threads()} thread(s)) ...")
+    t0 = time.perf_counter()
+    data = measure_cost_model(pair, m.ns, m.contexts, m.prefill_ns, m.reps, str(cfg.curve.clock))
+    data["meta"] = {"pair": pair.name, "host": platform.node(), "runtime": runtime, "threads": torch.get_num_threads(),
+                    "clock": str(cfg.curve.clock), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "measure_s": time.perf_counter() - t0, "torch": torch.__version__}
+    cost = CostModel(data, path)
+    cost.save(path)
+    for name, e in cost.models.items():
+        t1, t8 = e.seconds(1, 512), e.seconds(8, 512, last=8)
+        print(f"  {name}: t(1 token | 512 cached) {t1 * 1e3:.2f} ms, t(8 | 512, 8 rows) {t8 * 1e3:.2f} ms, "
+              f"extra row {e.head_row * 1e3:.3f} ms" + (f", per layer {e.routed_layer(1, 512) * 1e3:.3f} ms"
+                                                        if e.routed_layer is not None else ""))
+    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")

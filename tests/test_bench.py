@@ -41,7 +41,7 @@ def test_cost_curve_command_covers_every_model_and_backend(tmp_path):
     out = tmp_path / "curve.json"
     env = {**os.environ, "WANDB_MODE": "disabled"}
     r = subprocess.run([sys.executable, "-m", "experiments.bench", "--cost-curve", "pair=tiny-qwen2", "curve.ks=3",
-                        "curve.reps=1", "curve.context=32", f"curve.out={out}"],
+                        "curve.reps=1", "curve.context=32", f"curve.out={out}", "curve.cost.enabled=false"],
                        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "| backend | model | weight_mb | t1_ms | r1 | r2 | r3 | floor_ms | floor_frac |" in r.stdout

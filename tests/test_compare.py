@@ -26,7 +26,7 @@ def test_sd_on_a_nested_subset_is_compared_with_ar_on_the_same_examples(runs_dir
     ngram = _run("method=sd_ngram", "task.n_examples=3")
     rows, runs, note = shared_table(RunStore(runs_dir), ar["run_id"], [sd["run_id"], ngram["run_id"]])
     assert [r[0] for r in rows] == ["ar", "sd", "sd_ngram"] and [r[2] for r in rows] == [4, 2, 3]
-    assert rows[1][7] == "2/2" and rows[2][7] == "3/3"  # lossless: every shared example has ar's tokens
+    assert rows[1][9] == "2/2" and rows[2][9] == "3/3"  # lossless: every shared example has ar's tokens
     ar_examples = {e["id"]: e for e in RunStore(runs_dir).examples(ar["run_id"])}
     sd_examples = RunStore(runs_dir).examples(sd["run_id"])
     ar_rate = sum(ar_examples[e["id"]]["new_tokens"] for e in sd_examples) / sum(

@@ -10,6 +10,8 @@ How a README command maps to what this test runs:
   draft, no download) and ``pair.options.*`` is dropped, and small limits are appended per
   entry (:data:`LIMITS`). It runs in a temporary folder (``PYTHONPATH`` = this checkout) with
   ``VIASD_RUNS_DIR`` / ``VIASD_CACHE_DIR`` there and ``VIASD_DATA_DIR`` on the synthetic data.
+* ``python -m experiments.trace|replay run=smollm2__…`` → the same command on the tiny pair's run
+  (``run=tiny-llama__…``: a unique id prefix), made by an earlier README command.
 * any other line (``printf … > file``) runs as written, with bash, in the same folder.
 
 A README command that fits none of these fails :func:`test_every_readme_command_is_mapped`.
@@ -38,6 +40,7 @@ LIMITS = {
     "bench": ["n_prompts=1", "max_new_tokens=4", "warmup=0"],
 }  # fmt: skip
 MAKE_EXPECTS = {"run": "-m experiments.run", "test": "-m pytest"}
+RUN_READERS = ("trace", "replay")  # entries that read a finished run (run=<id or unique prefix>), no pair
 
 
 def readme_commands() -> list[str]:
@@ -82,6 +85,8 @@ def tiny_form(line: str, hf_folder: Path) -> list[str]:
     if entry == "run" and needs_gpu_or_hub(words[3:]):
         return [sys.executable, "-m", words[2], *[a for a in words[3:] if a != "dry_run=true"], "dry_run=true"]
     args = [a.replace("/path/to/folder", str(hf_folder)) for a in words[3:] if not a.startswith("pair.options.")]
+    if entry in RUN_READERS:  # commands on a finished run: the README's SmolLM2 run is the tiny pair's here
+        return [sys.executable, "-m", words[2], *[a.replace("run=smollm2__", "run=tiny-llama__") for a in args]]
     pair = next((a for a in args if a.startswith("pair=")), None)
     if pair is None or pair == "pair=smollm2":
         args = [a for a in args if a != pair] + ["pair=tiny-llama"]

@@ -75,6 +75,7 @@ LAYERS = (
     ("dimr",),      # slim-verifier masks and their search
     ("distill",),   # the embedded pair's trained draft
     ("methods",),   # the decoding loops and their registry
+    ("analysis",),  # trace replay, cost model, paired statistics (no decoding)
     ("harness",),   # runner, exp grids, dry run, benchmark
     ("report",),    # tables and figures from the run store
 )

@@ -152,3 +152,24 @@ def test_gate_distribution():
     assert torch.allclose(gate_distribution(logits, 2.0), (logits / 2).softmax(-1))
     assert torch.equal(gate_distribution(None, 1.0, fallback=fallback), fallback)  # lookup: one-hot proposal
     assert torch.equal(gate_distribution(logits[:0], 1.0, fallback=fallback), fallback)  # row mismatch
+
+
+def test_gate_variants_are_off_by_default_and_each_tightens_tier_1():
+    """``tier1_needs_slim_argmax``: y_1 = 1 is not the slim argmax (2), so it leaves tier 1 (conf 0.45 <
+    τ_slim: escalate). ``tier1_min_draft_confidence=0.7``: y_0 and y_2 (max p̂ = 0.6) leave tier 1; y_0 is
+    the slim verifier's own token (kept by tier 2), y_2's slim verifier is unsure (escalate)."""
+    assert actions(greedy_route(tau_accept=0.4, tau_slim=0.6)) == [CONTINUE] * 3 + [BONUS]
+    assert actions(greedy_route(tau_accept=0.4, tau_slim=0.6, tier1_needs_slim_argmax=True)) == [CONTINUE, ESCALATE]
+    assert actions(greedy_route(tau_accept=0.4, tau_slim=0.6, tier1_min_draft_confidence=0.7)) == [
+        KEEP, CONTINUE, ESCALATE]
+
+
+def test_route_positions_is_the_decision_route_round_makes():
+    """The bands over plain per-position values: what trace replay calls with values read from a trace."""
+    from viasd.core.tiers import route_positions
+
+    ref = greedy_route(tau_accept=0.9, tau_slim=0.4)
+    top = Q_GATE.argmax(-1).tolist()
+    r = route_positions(ref.scores.tolist(), ref.confidence.tolist(), Y.tolist(), top.__getitem__, lambda: top[-1],
+                        tau_accept=0.9, tau_slim=0.4)
+    assert r.steps == ref.steps and r.token == ref.token and r.accepted == ref.accepted

@@ -31,11 +31,19 @@ After ``γ`` tier-1 positions the bonus position ``γ + 1`` emits a sample of ``
 block escalates (the full model then supplies the token). ``max_unverified = N`` escalates at
 the first position where ``N`` committed tokens would be unseen by the full model.
 ``τ_escalate = 0`` has no low band; a threshold > 1 switches its tier off (``s, max q̂' ≤ 1``).
+
+The bands themselves are :func:`route_positions`, a pure function of the per-position gate
+values; :func:`route_round` reads those values from the tensors. Gate variants from the
+literature are one knob each, off by default (the paper's gate): ``tier1_needs_slim_argmax``
+(tier 1 also needs the draft token to be the slim verifier's argmax) and
+``tier1_min_draft_confidence`` (tier 1 also needs the drafter's own confidence). Trace replay
+(:mod:`viasd.analysis.replay`) explores them without decoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -73,15 +81,16 @@ class Route:
     draft tokens emitted as drafted (tier 1 or ``slim_keep``). ``token``: the slim verifier's token (rewrite or bonus), else
     ``None``. ``verify_from``: for ``escalate``, the first draft position the full model
     verifies (``0`` with ``reverify_on_escalation``, else the escalating position).
-    ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i``.
+    ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i`` (set by
+    :func:`route_round`; None when no slim pass ran).
     """
 
     steps: list[Step]
     accepted: int
     token: int | None = None
     verify_from: int | None = None
-    scores: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    confidence: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    scores: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
     @property
     def action(self) -> str:
@@ -125,16 +134,14 @@ def route_round(
     q_gate: torch.Tensor,
     rng: torch.Generator | None,
     *,
-    tau_accept: float,
-    tau_slim: float,
-    tau_escalate: float = 0.0,
     agreement: str = "ratio",
-    unverified: int = 0,
-    max_unverified: int | None = None,
-    reverify_on_escalation: bool = False,
-    slim_bonus: bool = True,
+    **knobs,
 ) -> Route:
     """Route the positions of one drafted block to tiers 1–3 (see the module docstring).
+
+    The tensor front-end of :func:`route_positions`: it reads the agreement ``s_i``, the slim
+    confidence ``max q̂'_i`` (and what a gate variant needs) from the gate distributions and
+    samples the slim verifier's tokens from the processed ones.
 
     Args:
         draft: ``LongTensor[k]`` drafted tokens ``y_1..y_k`` (``k`` may be 0).
@@ -143,11 +150,7 @@ def route_round(
         p_gate: ``[k, V]`` gate distributions of the draft (``softmax(raw / T_g)``).
         q_gate: ``[k + 1, V]`` gate distributions of the slim verifier.
         rng: generator for the slim rewrite / bonus samples (greedy: unused).
-        tau_accept, tau_slim, tau_escalate: band thresholds; ``agreement``: ``ratio`` | ``tv``.
-        unverified: committed tokens the full model has not seen before this round.
-        max_unverified: escalate once ``unverified + i`` reaches it (``None``: never).
-        reverify_on_escalation: the full model re-verifies the tier-1 tokens of this round.
-        slim_bonus: after ``k`` tier-1 positions, emit a confident slim bonus token.
+        agreement: ``ratio`` | ``tv``; ``knobs``: the keyword arguments of :func:`route_positions`.
 
     Returns:
         A :class:`Route`; the caller escalates when ``route.action == "escalate"``.
@@ -155,31 +158,89 @@ def route_round(
     k = draft.shape[0]
     s = agreement_scores(p_gate, q_gate[:k], draft, agreement)
     conf = q_gate.max(-1).values
-    s_, conf_, y_ = s.tolist(), conf.tolist(), draft.tolist()  # one host sync per round, not per position
+    if knobs.get("tier1_needs_slim_argmax"):
+        knobs["slim_top"] = q_gate[:k].argmax(-1).tolist()
+    if knobs.get("tier1_min_draft_confidence"):
+        knobs["draft_conf"] = p_gate.max(-1).values.tolist()
+    route = route_positions(s.tolist(), conf.tolist(), draft.tolist(),  # one host sync per round, not per position
+                            lambda i: int(sample(sd_residual(p[i], q_slim[i]), rng)),
+                            lambda: int(sample(q_slim[k], rng)), **knobs)
+    route.scores, route.confidence = s, conf
+    return route
+
+
+def route_positions(
+    s: list[float],
+    conf: list[float],
+    draft: list[int],
+    rewrite: Callable[[int], int],
+    bonus: Callable[[], int],
+    *,
+    tau_accept: float,
+    tau_slim: float,
+    tau_escalate: float = 0.0,
+    unverified: int = 0,
+    max_unverified: int | None = None,
+    reverify_on_escalation: bool = False,
+    slim_bonus: bool = True,
+    tier1_needs_slim_argmax: bool = False,
+    tier1_min_draft_confidence: float = 0.0,
+    slim_top: list[int] | None = None,
+    draft_conf: list[float] | None = None,
+) -> Route:
+    """The bands of one round over its gate values (pure decisions, no tensor).
+
+    :func:`route_round` calls it for the methods, trace replay (:mod:`viasd.analysis.replay`)
+    with values read from a trace; both route with this one function.
+
+    Args:
+        s: ``k`` agreement scores ``s_i``; ``conf``: ``k + 1`` slim confidences ``max q̂'_i``.
+        draft: the ``k`` drafted tokens.
+        rewrite: ``i -> token`` the slim verifier emits at position ``i`` (tier 2; called at most once).
+        bonus: ``() -> token`` the slim bonus token after ``k`` tier-1 positions.
+        tau_accept, tau_slim, tau_escalate: band thresholds.
+        unverified: committed tokens the full model has not seen before this round.
+        max_unverified: escalate once ``unverified + i`` reaches it (``None``: never).
+        reverify_on_escalation: the full model re-verifies the tier-1 tokens of this round.
+        slim_bonus: after ``k`` tier-1 positions, emit a confident slim bonus token.
+        tier1_needs_slim_argmax: gate variant (off by default): tier 1 also needs the draft token to
+            be the slim verifier's argmax ``slim_top[i]`` (top-1 agreement, as greedy self-speculation
+            verifies; Zhang et al. 2024, Draft & Verify); otherwise the position goes on to tier 2/3.
+        tier1_min_draft_confidence: gate variant (off at 0): tier 1 also needs the drafter's own gate
+            confidence ``draft_conf[i] = max p̂_i`` to reach it (a Chow-style deferral on the drafter,
+            Narasimhan et al. 2025); a lookup block counts as confident (one-hot).
+    """
+    k = len(draft)
     steps: list[Step] = []
 
     def done(step: Step, token: int | None = None, verify_from: int | None = None) -> Route:
-        return Route(steps + [step], step.position, token, verify_from, s, conf)
+        return Route(steps + [step], step.position, token, verify_from)
 
     for i in range(k + 1):
         forced = max_unverified is not None and unverified + i >= int(max_unverified)
         if forced or (i == k and k == 0):  # forced full verification, or nothing drafted to route
             return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
         if i == k:  # bonus position: every drafted token passed tier 1
-            if slim_bonus and conf_[k] >= tau_slim:
-                return done(Step(k, 0, BONUS, "slim"), int(sample(q_slim[k], rng)))
+            if slim_bonus and conf[k] >= tau_slim:
+                return done(Step(k, 0, BONUS, "slim"), bonus())
             return done(Step(k, 0, END, "none"))
-        if s_[i] >= tau_accept:
+        if (s[i] >= tau_accept and (not tier1_needs_slim_argmax or slim_top[i] == draft[i])
+                and draft_conf_ok(draft_conf, i, tier1_min_draft_confidence)):
             steps.append(Step(i, 1, CONTINUE, "draft"))
             continue
-        if s_[i] >= tau_escalate and conf_[i] >= tau_slim:
-            token = int(sample(sd_residual(p[i], q_slim[i]), rng))
-            if token == y_[i]:  # the slim verifier emits the draft's own token: the block stays valid
+        if s[i] >= tau_escalate and conf[i] >= tau_slim:
+            token = rewrite(i)
+            if token == draft[i]:  # the slim verifier emits the draft's own token: the block stays valid
                 steps.append(Step(i, 2, KEEP, "slim"))
                 continue
             return done(Step(i, 2, REWRITE, "slim"), token)
         return done(Step(i, 3, ESCALATE, "full"), verify_from=0 if reverify_on_escalation else i)
     raise AssertionError("unreachable: the bonus position always ends the round")
+
+
+def draft_conf_ok(draft_conf: list[float] | None, i: int, minimum: float) -> bool:
+    """Whether position ``i`` passes the drafter-confidence gate variant (always, when it is off)."""
+    return not minimum or draft_conf is None or draft_conf[i] >= minimum
 
 
 def escalate_at_once() -> Route:

@@ -10,6 +10,7 @@ whichever verifier decided (the target in ``sd``/``cascade_sd``, the deferral ta
 drafted tokens emitted as drafted (:func:`emitted_as_drafted`), ``rejected`` the rest. Next to
 it every table shows ``target_calls_per_token``: full-model forward calls per emitted token. :class:`Output` holds the committed
 sequence and applies the stop rules (``max_new_tokens``, EOS, stop strings) for all methods.
+:func:`aggregate` sums per-example summaries into a run's (ratios of sums), for runs and replays alike.
 """
 
 from __future__ import annotations
@@ -198,3 +199,22 @@ class Output:
             if any(s in tail for s in self.gen.stop_strings):
                 self.stop_reason = "stop_string"
         return kept
+
+
+def aggregate(results: list[DecodeResult] | list[dict[str, Any]]) -> dict[str, Any]:
+    """Corpus-level decoding statistics: sums of counters, ratios of sums (results or their summaries)."""
+    tot: dict[str, float] = {}
+    for r in results:
+        for k, v in (r.summary() if isinstance(r, DecodeResult) else r).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
+                    "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call",
+                    "target_calls_per_token", "interleave_slot"):
+                tot[k] = tot.get(k, 0) + (0 if isinstance(v, float) and math.isnan(v) else v)
+    new, wall = tot.get("new_tokens", 0), tot.get("wall_s", 0.0)
+    drafted, accepted, rounds = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("rounds", 0)
+    tot["tokens_per_s"] = new / wall if wall else math.nan
+    tot["rejection_rate"] = 1 - accepted / drafted if drafted else math.nan
+    tot["mean_accepted"] = new / rounds if rounds else math.nan
+    tot["tokens_per_target_call"] = new / tot["target_calls"] if tot.get("target_calls") else math.nan
+    tot["target_calls_per_token"] = tot["target_calls"] / new if new and "target_calls" in tot else math.nan
+    return tot

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -32,6 +33,7 @@ from viasd.core.rules import expected_tokens, ideal_speedup
 from viasd.engine.result import DecodeResult
 from viasd.engine.routing import RoutingPlan, decoder_layers
 from viasd.engine.stream import Stream, start_sequence
+from viasd.errors import ConfigError
 from viasd.harness.runner import aggregate
 from viasd.methods.api import decode
 from viasd.models.backend import PackedLinear
@@ -146,7 +148,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[int] = tuple(range(1, 9)),
                 context: int = 256, reps: int = 5, seed: int = 0,
-                clock: str = "wall") -> list[dict[int, float]]:
+                clock: str = "wall", all_rows: bool = True) -> list[dict[int, float]]:
     """Forward seconds of each ``(model, plan)`` scoring ``k`` new tokens after ``context`` cached ones.
 
     Runs through the project's :class:`~viasd.engine.stream.Stream` (routed when ``plan`` is
@@ -155,6 +157,7 @@ def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[
     them alike; the minimum over ``reps`` is kept. ``clock``: ``wall`` (perf_counter) or
     ``cpu`` (this process's CPU time: what a forward costs when other processes share the
     cores; with 1 torch thread it excludes the time the thread waits to be scheduled).
+    ``all_rows``: the forward returns ``k`` logits rows (a verification), else one (a decode step).
 
     Returns:
         One ``{k: seconds}`` per entry.
@@ -176,7 +179,7 @@ def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[
             for stream, seq0, b in zip(streams, seqs, best):
                 seq = torch.cat([seq0, new.to(seq0.device)], dim=1)
                 t0 = CLOCKS[clock]()
-                stream.logits(seq, last=k)
+                stream.logits(seq, last=k if all_rows else 1)
                 if r:
                     b[k] = min(b[k], CLOCKS[clock]() - t0)
                 stream.rollback(seq0.shape[1])
@@ -255,3 +258,75 @@ def curve_columns(ks: Sequence[int]) -> list[tuple[str, str]]:
     """Table columns of :func:`cost_curve_rows`."""
     return ([("backend", "{}"), ("model", "{}"), ("weight_mb", "{:.0f}"), ("t1_ms", "{:.1f}")]
             + [(f"r{k}", "{:.2f}") for k in ks] + [("floor_ms", "{:.1f}"), ("floor_frac", "{:.2f}")])
+
+
+@dataclass
+class CostGrid:
+    """Where :func:`measure_cost_model` measures (``curve.cost`` of ``conf/bench.yaml``)."""
+
+    enabled: bool = True
+    ns: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20])
+    contexts: list[int] = field(default_factory=lambda: [64, 512, 1536])
+    prefill_ns: list[int] = field(default_factory=lambda: [64, 256])
+    reps: int = 3
+    remeasure: bool = False
+
+
+def _model_entries(pair) -> list[tuple[str, str, Any, RoutingPlan | None]]:
+    """``(cost entry, kind, model, plan)`` measured for a cost file: every model's own forward and,
+    for the target, routed passes over all and over half of its layers (the per-layer fit)."""
+    out = [("target", "native", pair.target, None)]
+    try:
+        n = len(decoder_layers(pair.target))
+    except ConfigError:  # not routable: no slim verifier to price
+        n = 0
+    if n >= 2:
+        out += [("target", "full", pair.target, RoutingPlan.build(range(n), n)),
+                ("target", "half", pair.target, RoutingPlan.build(range(n // 2), n))]
+    if pair.draft is not None:
+        out.append(("draft", "native", pair.draft, None))
+    if pair.intermediate is not None and pair.intermediate is not pair.draft:
+        out.append(("intermediate", "native", pair.intermediate, None))
+    return out
+
+
+def measure_cost_model(pair, ns: Sequence[int], contexts: Sequence[int], prefill_ns: Sequence[int], reps: int,
+                       clock: str = "cpu", log=print) -> dict[str, Any]:
+    """The cost file of a pair (:class:`viasd.analysis.cost.CostModel` reads it): per model and forward
+    kind the seconds of feeding ``n`` tokens after ``context`` cached ones with one logits row, on the
+    grid ``ns × contexts`` and the prefill line ``prefill_ns`` (after one cached token); the target's
+    routed passes fitted as ``base + layers · per_layer``; the cost of an extra logits row."""
+    entries = _model_entries(pair)
+    pairs_ = [(m, p) for _, _, m, p in entries]
+    decode = []
+    for ctx in contexts:
+        log(f"  cost model: {len(entries)} forwards x {len(ns)} sizes after {ctx} cached tokens")
+        decode.append(cost_curves(pairs_, ns, ctx, reps, clock=clock, all_rows=False))
+    log(f"  cost model: prefill of {list(prefill_ns)} tokens")
+    prefill = cost_curves(pairs_, prefill_ns, 1, max(1, reps // 2), clock=clock, all_rows=False)
+    h = max(ns)
+    rows_all = cost_curves(pairs_, [h], contexts[len(contexts) // 2], reps, clock=clock, all_rows=True)
+    curves: dict[tuple[str, str], dict[str, Any]] = {}
+    for j, (name, kind, _, _) in enumerate(entries):
+        grid = [[decode[c][j][n] for c in range(len(contexts))] for n in ns]
+        head = max(0.0, (rows_all[j][h] - decode[len(contexts) // 2][j][h]) / (h - 1)) if h > 1 else 0.0
+        curves[(name, kind)] = {"decode": grid, "prefill": [prefill[j][n] for n in prefill_ns], "head_row": head}
+    models: dict[str, Any] = {}
+    for name in dict.fromkeys(e[0] for e in entries):
+        native = curves[(name, "native")]
+        model = next(m for e, _, m, _ in entries if e == name)
+        try:
+            n_layers = len(decoder_layers(model))
+        except ConfigError:
+            n_layers = None
+        entry = {"n_layers": n_layers, "native": native, "head_row": native["head_row"]}
+        if (name, "full") in curves:
+            full, half = curves[(name, "full")], curves[(name, "half")]
+            lf, lh = n_layers, n_layers // 2
+            per = {k: (np.asarray(full[k]) - np.asarray(half[k])) / (lf - lh) for k in ("decode", "prefill")}
+            entry["routed_layer"] = {k: v.tolist() for k, v in per.items()}
+            entry["routed_base"] = {k: (np.asarray(full[k]) - lf * per[k]).tolist() for k in ("decode", "prefill")}
+        models[name] = entry
+    if pair.intermediate is not None and pair.intermediate is pair.draft:
+        models["intermediate"] = models["draft"]
+    return {"grid": {"ns": list(ns), "contexts": list(contexts), "prefill_ns": list(prefill_ns)}, "models": models}

@@ -46,6 +46,10 @@ IDENTITY_UNSET: dict[str, Any] = {
     "exp": None,  # RunConfig's node for +exp=NAME; a single run has none
     "task.truncate": None,  # over-long prompts are refused (viasd.tasks.length)
     "schedule": "sequential",  # conf/config.yaml; interleaved cells carry "interleaved" (viasd.harness.interleave)
+    # via_sd's gate variants and free audit (issue 26): at these values a run is what it was before them.
+    "method.tier1_needs_slim_argmax": False,
+    "method.tier1_min_draft_confidence": 0.0,
+    "method.audit": True,
 }
 
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from viasd.engine.result import DecodeResult
+from viasd.engine.result import aggregate  # noqa: F401  (re-exported: a run's corpus statistics)
 from viasd.tracking.baseline import ar_index, matched_ar, speedup, speedup_at_quality, workload_key
 from viasd.tracking.store import RunStore
 
@@ -23,25 +23,6 @@ EXAMPLE_ONLY = ("id", "prompt", "prediction", "raw_output", "reference", "token_
 # Override prefixes dropped from a cell's command line to name its ar run: the method, and the exp/scale/hydra keys
 # that would start a grid instead of one run.
 DROPPED_FOR_AR = ("method", "drafter@method", "exp", "scale", "hydra", "dry_run")
-
-
-def aggregate(results: list[DecodeResult] | list[dict[str, Any]]) -> dict[str, Any]:
-    """Corpus-level decoding statistics: sums of counters, ratios of sums (results or their summaries)."""
-    tot: dict[str, float] = {}
-    for r in results:
-        for k, v in (r.summary() if isinstance(r, DecodeResult) else r).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
-                    "tokens_per_s", "rejection_rate", "mean_accepted", "tokens_per_target_call",
-                    "target_calls_per_token", "interleave_slot"):
-                tot[k] = tot.get(k, 0) + (0 if isinstance(v, float) and math.isnan(v) else v)
-    new, wall = tot.get("new_tokens", 0), tot.get("wall_s", 0.0)
-    drafted, accepted, rounds = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("rounds", 0)
-    tot["tokens_per_s"] = new / wall if wall else math.nan
-    tot["rejection_rate"] = 1 - accepted / drafted if drafted else math.nan
-    tot["mean_accepted"] = new / rounds if rounds else math.nan
-    tot["tokens_per_target_call"] = new / tot["target_calls"] if tot.get("target_calls") else math.nan
-    tot["target_calls_per_token"] = tot["target_calls"] / new if new and "target_calls" in tot else math.nan
-    return tot
 
 
 def matched_speedups(summary: dict[str, Any], resolved: dict[str, Any], store: RunStore,

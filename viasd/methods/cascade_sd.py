@@ -55,7 +55,8 @@ from viasd.engine.drafters import (
     NgramDrafter,
     make_drafter,
 )
-from viasd.engine.result import Counters, DecodeResult
+from viasd.engine.result import DecodeResult
+from viasd.engine.rounds import count_levels
 from viasd.engine.stream import ModelStats
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
@@ -169,6 +170,18 @@ def bigram_next(context: torch.Tensor) -> int:
     return int(torch.bincount(pool).argmax())
 
 
+def level_quota(i: int, n_levels: int, tokens: int, k: int, done: int) -> int:
+    """Horizontal cascade: positions level ``i`` (of ``n_levels``, drafting ``tokens``) proposes
+    when ``done`` of the block's ``k`` are drafted; the last level drafts whatever is left."""
+    return k - done if i == n_levels - 1 else min(tokens, k - done)
+
+
+def inner_quota(lower_tokens: int, k: int, have: int) -> int:
+    """Vertical cascade: tokens the smaller drafter proposes in an inner round when the level has
+    ``have`` of its ``k`` tokens (one position is left for the verifying model's own token)."""
+    return min(lower_tokens, k - have - 1)
+
+
 class MaxGramDrafter(Drafter):
     """Prompt lookup with a bigram fallback: always proposes ``k`` tokens (one-hot, no neural cost).
 
@@ -222,7 +235,7 @@ class VerticalDrafter(Drafter):
         cur, stop = seq, False
         while len(tokens) < k and not stop:
             # The smaller drafter proposes; ``upper`` scores them (+1 position) in one forward.
-            y, p_low = self.lower.propose(cur, min(self.lower_tokens, k - len(tokens) - 1), gen, rng, min_confidence)
+            y, p_low = self.lower.propose(cur, inner_quota(self.lower_tokens, k, len(tokens)), gen, rng, min_confidence)
             m = y.shape[0]
             logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1)[0]  # [m+1, V]
             p_up = probs_from_logits(logits, gen)
@@ -308,7 +321,7 @@ class CascadeDrafter(Drafter):
         tokens, probs, raw, owner = [], [], [], []
         cur, done = seq, 0
         for i, (drafter, n_i) in enumerate(self.levels):
-            want = k - done if i == len(self.levels) - 1 else min(n_i, k - done)
+            want = level_quota(i, len(self.levels), n_i, k, done)
             if want <= 0:
                 break
             t, p = drafter.propose(cur, want, gen, rng, min_confidence)
@@ -370,13 +383,8 @@ def cascade_sd(pair, prompt_ids, cfg: CascadeSDConfig, gen, rng) -> DecodeResult
     drafter = CascadeDrafter.build(pair, prompt_ids, cfg.levels, cfg.drafter, cfg.bigram_fallback)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.block, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
 
-    def count_levels(c: Counters, k: int, n: int) -> dict:
-        for j, level in enumerate(drafter.last_levels):
-            c.bump(f"level{level}_drafted")
-            c.bump(f"level{level}_accepted" if j < n else f"level{level}_rejected")
-        return {"levels": list(drafter.last_levels)}
-
-    res = speculate(pair, prompt_ids, drafter, policy, gen, rng, "cascade_sd", t0, on_round=count_levels)
+    res = speculate(pair, prompt_ids, drafter, policy, gen, rng, "cascade_sd", t0,
+                    on_round=lambda c, k, n: count_levels(c, drafter.last_levels, n))
     for key, value in drafter.counters().items():
         res.counters.bump(key, value)
     return res

@@ -32,6 +32,11 @@ slim verifier). Counters: ``tier1_accepted``, ``tier2_regenerated`` (tier 2 emit
 token and ended the round), ``tier2_kept`` (tier 2 emitted the draft's own token and routing
 went on), ``slim_bonus``, ``escalations``,
 ``tier3_accepted``/``tier3_rejected``; ``accepted`` = drafted tokens emitted as drafted.
+
+**Free audit** (``audit``, on by default): an escalation feeds the full model every committed
+token it never verified anyway; its forward then also returns their logits rows, and
+:class:`~viasd.engine.rounds.Audit` counts per tier how many the target's greedy token
+contradicts (``audit/*``). It costs head rows (``audit/rows``), never extra tokens.
 """
 
 from __future__ import annotations
@@ -45,19 +50,11 @@ import torch
 
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
-from viasd.core.tiers import (
-    BONUS,
-    ESCALATE,
-    KEEP,
-    REWRITE,
-    Route,
-    escalate_at_once,
-    gate_distribution,
-    route_round,
-)
+from viasd.core.tiers import ESCALATE, escalate_at_once, gate_distribution, route_round
 from viasd.dimr.masks import slim_stream
 from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord, emitted_as_drafted
+from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
@@ -92,6 +89,10 @@ class VIASDConfig:
     max_unverified: int | None = None
     reverify_on_escalation: bool = False
     slim_bonus: bool = True
+    # Gate variants (off by default: the paper's gate), see viasd.core.tiers.route_positions.
+    tier1_needs_slim_argmax: bool = False
+    tier1_min_draft_confidence: float = 0.0
+    audit: bool = True  # escalations also check the tokens the full model never verified (audit/* counters)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     slim: SlimConfig = field(default_factory=SlimConfig)
 
@@ -111,6 +112,9 @@ class VIASDConfig:
             raise ConfigError(f"gate_temperature must be > 0 (got {self.gate_temperature}); 1.0 reads the raw softmax")
         if self.agreement not in ("ratio", "tv"):
             raise ConfigError(f"agreement must be 'ratio' or 'tv' (got {self.agreement!r})")
+        if not 0 <= self.tier1_min_draft_confidence <= 1:
+            raise ConfigError(f"tier1_min_draft_confidence must be in [0, 1] (got {self.tier1_min_draft_confidence}); "
+                              "0 switches the variant off")
         if self.max_unverified is not None and int(self.max_unverified) < 0:
             raise ConfigError(f"max_unverified must be >= 0 or null (got {self.max_unverified})")
         if not 0 < float(self.slim.keep_ratio) <= 1:
@@ -120,35 +124,6 @@ class VIASDConfig:
     def tiers_on(self) -> bool:
         """Whether tier 1 or tier 2 can ever fire (otherwise no slim pass is needed)."""
         return self.tau_accept <= 1 or (self.tau_slim <= 1 and self.tau_escalate <= 1)
-
-
-def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int], full_accepted: int) -> int:
-    """Add one round to the counters; returns the drafted tokens emitted as drafted.
-
-    ``drafted``: the block ``y``; ``tokens``: what the round emits; ``full_accepted``: draft
-    tokens the full model accepted after an escalation (0 otherwise).
-    """
-    k, kept = len(drafted), emitted_as_drafted(drafted, tokens)
-    routed_to = route.verify_from if route.action == ESCALATE else route.accepted  # positions the round's gate kept
-    slim_kept = sum(st.action == KEEP and st.position < routed_to for st in route.steps)
-    if route.action == ESCALATE:
-        verified = k - route.verify_from
-        c.bump("escalations")
-        c.bump("tier3_accepted", full_accepted)
-        c.bump("tier3_rejected", verified - full_accepted)
-        c.bonus += full_accepted == verified
-        c.corrected += full_accepted < verified
-    elif route.action == REWRITE:
-        c.bump("tier2_regenerated")
-    elif route.action == BONUS:
-        c.bump("slim_bonus")
-    c.bump("tier2_kept", slim_kept)
-    c.bump("tier1_accepted", routed_to - slim_kept)
-    c.rounds += 1
-    c.drafted += k
-    c.accepted += kept
-    c.rejected += k - kept
-    return kept
 
 
 @register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
@@ -162,8 +137,10 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
     knobs = dict(tau_accept=cfg.tau_accept, tau_slim=cfg.tau_slim, tau_escalate=cfg.tau_escalate,
                  agreement=cfg.agreement, max_unverified=cfg.max_unverified,
-                 reverify_on_escalation=cfg.reverify_on_escalation, slim_bonus=cfg.slim_bonus)
-    c, rounds, unverified = Counters(), [], 0
+                 reverify_on_escalation=cfg.reverify_on_escalation, slim_bonus=cfg.slim_bonus,
+                 tier1_needs_slim_argmax=cfg.tier1_needs_slim_argmax,
+                 tier1_min_draft_confidence=cfg.tier1_min_draft_confidence)
+    c, rounds, unverified, audit = Counters(), [], 0, Audit()
     while not out.done:
         # 1. draft
         y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
@@ -177,20 +154,24 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
                                 gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p),
                                 gate_distribution(raw, cfg.gate_temperature), rng, unverified=unverified, **knobs)
         # 4. escalate: the full model verifies y[start:] as in sd  5. commit
-        n = 0
+        n, token = 0, None
         if route.action == ESCALATE:
             start = route.verify_from
-            q = probs_from_logits(full.logits(block, last=k - start + 1)[0], gen)
-            n, token = verify_block(y[start:], p[start:], q, rng)
-            tokens = y[:start + n].tolist() + [token]
-        else:
-            tokens = y[:route.accepted].tolist() + ([] if route.token is None else [route.token])
+            audited = audit.rows(start) if cfg.audit else 0  # the free audit: rows of the unverified tokens too
+            logits = full.logits(block, last=k - start + 1 + audited)[0]
+            if audited:
+                audit.check(c, logits[:audited].argmax(-1).tolist(), y[:start].tolist(), token_tiers(route, start))
+            n, token = verify_block(y[start:], p[start:], probs_from_logits(logits[audited:], gen), rng)
+        tokens = round_tokens(route, y.tolist(), n, token)
         emitted = out.commit(tokens)
+        audit.commit(tokens[:emitted], token_tiers(route, emitted), route.action == ESCALATE)
         kept = count_round(c, route, y.tolist(), tokens, n)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
         extra = {"tier": route.steps[-1].tier, "action": route.action}
         rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
+    if cfg.audit:
+        audit.finish(c)
     models = {**drafter.stats(), "slim": slim.stats, "target": full.stats}
     return DecodeResult("via_sd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
                         out.stop_reason)

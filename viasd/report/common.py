@@ -19,6 +19,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 from scipy import stats
 
+from viasd.analysis.paired import compare_to_ar, load_run
 from viasd.harness.grid import exp_cells
 from viasd.harness.runner import identity
 from viasd.registry import Registry
@@ -170,6 +171,46 @@ def save_figure(fig, out: Path, name: str, runs: list[dict], missing: list[str],
     plt.close(fig)
     atomic_write_json(out / f"{name}.sources.json", _sources(runs, missing, scale))
     return paths
+
+
+#: The paired columns every method table adds (``docs/metrics.md §6``; :func:`paired_cells`).
+PAIRED_HEADER = ["n (examples)", "speedup 95% CI", "predicted speedup [95% CI]", "Δ quality vs ar [95% CI]",
+                 "p vs ar (test)"]
+
+
+PAIRED_NOTE = ("n: the examples each speedup and quality delta is paired on (the run's and its ar run's). "
+               "Intervals: bootstrap 95% over examples; p: exact McNemar for binary scores, Wilcoxon signed-rank "
+               "otherwise; the predicted speedup prices each example's forward calls with the pair's measured cost "
+               "file (`python -m experiments.bench --cost-curve`), so machine load cannot move it.")
+
+
+def paired_cells(cmp: dict[str, Any] | None) -> list[Any]:
+    """The interval cells of one comparison (:func:`~viasd.analysis.paired.compare_to_ar`): speedup
+    CI, predicted (load-free) speedup with its CI, quality Δ with its CI, p-value and test."""
+    if cmp is None:
+        return ["–"] * 4
+    sp, pr, q = cmp["speedup"], cmp["predicted"], cmp["quality"]
+    pred = f"{pr.estimate:.2f} {pr.interval()}" if not math.isnan(pr.estimate) else "– (no cost file)"
+    delta = (f"{q.estimate:+.3f}" + (f" {q.interval(3)}" if not math.isnan(q.lo) else "")) if q.n else "–"
+    p = f"{q.p:.3g} ({q.test}{'; ' + q.detail if q.detail else ''})" if q.n else "–"
+    return [sp.interval(), pred, delta, p]
+
+
+def paired_group(store: RunStore, group: list[dict]) -> dict[str, Any] | None:
+    """Paired numbers of a repeat group against its matched ``ar`` runs, the examples of every
+    repeat pooled (each paired with its own ``ar`` run's); None without a matched ``ar`` run."""
+    runs, ars, first = [], [], None
+    for j, r in enumerate(group):
+        run = load_run(store, r["run_id"])
+        ar = load_run(store, r["ar"]["run_id"]) if r.get("ar") else None
+        if run is None or ar is None:
+            continue
+        first = first or (run, ar)
+        runs += [{**e, "id": f"{j}:{e['id']}"} for e in run["examples"]]
+        ars += [{**e, "id": f"{j}:{e['id']}"} for e in ar["examples"]]
+    if first is None:
+        return None
+    return compare_to_ar(store, {**first[0], "examples": runs}, {**first[1], "examples": ars})
 
 
 def _label(r: dict, keys: list[str]) -> str:

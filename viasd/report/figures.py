@@ -8,7 +8,19 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from viasd.report.common import REPORTS, Stat, _label, repeat_groups, save_figure, stat, write_table
+from viasd.report.common import (
+    PAIRED_HEADER,
+    PAIRED_NOTE,
+    REPORTS,
+    Stat,
+    _label,
+    paired_cells,
+    paired_group,
+    repeat_groups,
+    save_figure,
+    stat,
+    write_table,
+)
 from viasd.tracking.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
 from viasd.tracking.store import RunStore
 
@@ -82,7 +94,7 @@ def fig_tiers(runs, missing, out, store, scale):
     ax.set_title(f"VIA-SD: tokens per tier ({scale})")
     plt.setp(ax.get_xticklabels(), rotation=20)
     paths = save_figure(fig, out, "fig_tiers", runs, missing, scale)
-    return paths + _via_table(out, "fig_tiers", "VIA-SD tokens per tier", runs, missing, scale, "", [])
+    return paths + _via_table(out, "fig_tiers", "VIA-SD tokens per tier", runs, missing, scale, "", [], store)
 
 
 def _ref_runs(runs: list[dict], store: RunStore) -> list[dict]:
@@ -120,27 +132,33 @@ def fig_thresholds(runs, missing, out, store, scale):
     paths = save_figure(fig, out, "fig_thresholds", runs, missing, scale)
     note = "τ > 1 switches a gate off; τ_accept = τ_slim > 1 is the lossless end (sd with the same drafter)."
     return paths + _via_table(out, "fig_thresholds", "VIA-SD τ frontier", runs, missing, scale, note,
-                              ["method.tau_accept", "method.tau_slim", "method.tau_escalate"])
+                              ["method.tau_accept", "method.tau_slim", "method.tau_escalate"], store)
 
 
-def _via_table(out, name: str, title: str, runs, missing, scale: str, note: str, keys: list[str]) -> list[str]:
+def _via_table(out, name: str, title: str, runs, missing, scale: str, note: str, keys: list[str],
+               store: RunStore) -> list[str]:
     """A figure's numbers as a table: one row per repeat group with its ``keys`` values, speed,
     quality next to its ``ar`` run's, target calls per token and the tier shares."""
     rows = []
     groups = sorted(repeat_groups(runs), key=lambda g: [str(OmegaConf.select(g[0]["config"], k)) for k in keys])
     for g in groups:
-        cfg, shares, ar = g[0]["config"], [tier_shares(r["summary"]) for r in g], g[0]["ar"]
+        cfg, shares, ar = g[0]["config"], [tier_shares(r["summary"], store) for r in g], g[0]["ar"]
+        cmp = paired_group(store, g)
+        cells = paired_cells(cmp)
         rows.append([g[0]["summary"].get("pair"), g[0]["summary"].get("task"),
                      *(OmegaConf.select(cfg, k) for k in keys),
                      stat([r["summary"].get("tokens_per_s") for r in g]), stat([r["speedup"] for r in g]),
+                     cmp["n"] if cmp else "–", *cells[:2],
                      stat([quality(r["summary"])[1] for r in g]), quality(ar["summary"])[1] if ar else None,
-                     stat([r["summary"].get("target_calls_per_token") for r in g]),
+                     *cells[2:], stat([r["summary"].get("target_calls_per_token") for r in g]),
                      *(stat([s[t] for s in shares]) for t in ("tier1", "tier2", "tier3"))])
     metrics = sorted({quality(r["summary"])[0] for r in runs} - {""})
     metric = metrics[0] if len(metrics) == 1 else "quality"
     header = ["pair", "task", *(k.split(".")[-1].replace("tau_", "τ_") for k in keys), "tokens/s", "speedup vs ar",
-              metric, f"ar {metric}", "target calls / token", "tier 1", "tier 2", "tier 3"]
-    return write_table(out, name, title, header, rows, runs, missing, note, scale)
+              *PAIRED_HEADER[:3], metric, f"ar {metric}", *PAIRED_HEADER[3:], "target calls / token",
+              "tier 1", "tier 2", "tier 3"]
+    return write_table(out, name, title, header, rows, runs, missing, " ".join(x for x in (note, PAIRED_NOTE) if x),
+                       scale)
 
 
 @REPORTS.register("fig_gamma")
@@ -194,7 +212,7 @@ def fig_keep_ratio(runs, missing, out, store, scale):
     fig.tight_layout()
     paths = save_figure(fig, out, "fig_keep_ratio", runs, missing, scale)
     return paths + _via_table(out, "fig_keep_ratio", "VIA-SD vs slim keep ratio", runs, missing, scale, "",
-                              ["method.slim.keep_ratio"])
+                              ["method.slim.keep_ratio"], store)
 
 
 @REPORTS.register("fig_dimr")
@@ -207,7 +225,7 @@ def fig_dimr(runs, missing, out, store, scale):
         trials = [t for t in store.examples(r["run_id"]) if t["phase"] != "screen"]
         best, ys = math.inf, []
         for t in trials:
-            best = min(best, t["objective"])
+            best = min(best, t["objective"], store)
             ys.append(best)
         line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f} (best so far)")
         ax.scatter(range(len(trials)), [t["objective"] for t in trials], s=6, alpha=0.4, color=line.get_color())

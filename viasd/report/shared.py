@@ -1,82 +1,62 @@
-"""Runs compared with one ``ar`` run on the examples they share.
+"""Runs compared with one ``ar`` run on the examples they share, every number paired.
 
 Subsets chosen by example id nest: with the same task seed, ``task.n_examples=10`` picks ids
 that ``task.n_examples=40`` also picks. So one long ``ar`` run can be the baseline of shorter
 runs of other methods on the same workload (pair, task, generation, seed, threads, inputs —
-everything but the method and the subset size). This module owns that comparison:
+everything but the method and the subset size). This module owns that comparison's table
+(the numbers: :func:`viasd.analysis.paired.compare_to_ar`):
 
-* speed: tokens/s summed over the shared example ids only (new tokens / decode seconds), and
-  its ratio to the ``ar`` run's on the same ids;
+* speed: tokens/s summed over the shared example ids only (new tokens / decode seconds), its
+  ratio to the ``ar`` run's on the same ids with a bootstrap 95% interval over examples, and the
+  cost model's load-free prediction of that ratio (when the pair's cost file is in the store);
 * the lossless promise: per example, are the token ids those of ``ar``?
-* quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …).
+* quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …), the
+  paired difference to ``ar`` with its interval and p-value (McNemar exact for binary scores,
+  Wilcoxon for continuous ones: ``docs/metrics.md §6``).
 
-Every row names its run id and the table names the ``ar`` run it divides by.
+Every row names its run id and ``n``; the table names the ``ar`` run it divides by.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from viasd.analysis.paired import compare_to_ar, differences, load_run, workload_without_subset
 from viasd.errors import ConfigError
-from viasd.report.common import write_table
-from viasd.tracking.baseline import PRIMARY, workload_key
+from viasd.report.common import paired_cells, write_table
 from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
 HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup vs ar (same examples)",
-          "rejection rate", "examples == ar tokens", "quality (same examples)", "ar quality (same examples)"]
+          "speedup 95% CI", "predicted speedup [95% CI]", "rejection rate", "examples == ar tokens",
+          "quality (same examples)", "ar quality (same examples)", "Δ quality [95% CI]", "p vs ar (test)"]
 
 
 def _finished(store: RunStore | RunStores, run_id: str) -> dict[str, Any]:
+    run = load_run(store, run_id)
+    if run is not None:
+        return run
     stores = as_stores(store)
-    found = stores.find(run_id)
-    if found is not None:
-        return {**found, "examples": RunStore(found["root"]).examples(run_id)}
     v = stores.verdict(run_id)
     roots = ", ".join(str(s.root) for s in stores.stores)
     why = f"its folder {v.path} is {v.state}: {v.reason}" if v is not None else f"no such folder in {roots}"
     raise ConfigError(f"no finished run {run_id!r} ({why}); list the runs with `python -m experiments.store check`")
 
 
-def _workload(config: dict[str, Any]) -> dict[str, Any]:
-    """The workload part of a run config (:func:`~viasd.tracking.baseline.workload_key`) without the subset size."""
-    out = json.loads(workload_key(config))
-    out["task"] = {k: v for k, v in (out.get("task") or {}).items() if k != "n_examples"}
-    return out
-
-
-def _differences(a: Any, b: Any, at: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted({*a, *b}) for d in _differences(a.get(k), b.get(k), f"{at}.{k}" if at else k)]
-    return [] if a == b else [at]
-
-
-def _score(example: dict[str, Any], task: str) -> float:
-    score = example.get("score") or {}
-    key = PRIMARY.get(task)
-    value = score.get(key) if key in score else next(iter(score.values()), None)
-    return math.nan if value is None else float(value)
-
-
-def _row(run: dict[str, Any], ar: dict[str, Any], ids: list[str]) -> list[Any]:
+def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any]) -> list[Any]:
+    cmp = compare_to_ar(store, run, ar)
     by_id = {e["id"]: e for e in run["examples"]}
-    ar_by_id = {e["id"]: e for e in ar["examples"]}
+    ids = cmp["ids"]
     tokens = sum(by_id[i]["new_tokens"] for i in ids)
     secs = sum(by_id[i]["wall_s"] for i in ids)
-    ar_rate = sum(ar_by_id[i]["new_tokens"] for i in ids) / max(sum(ar_by_id[i]["wall_s"] for i in ids), 1e-9)
-    rate = tokens / max(secs, 1e-9)
     drafted = sum(by_id[i].get("drafted", 0) for i in ids)
     rejected = sum(by_id[i].get("rejected", 0) for i in ids)
-    same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
-    task = run["summary"].get("task", "")
-    scores = [_score(by_id[i], task) for i in ids]
-    ar_scores = [_score(ar_by_id[i], task) for i in ids]
-    return [run["summary"].get("method"), run["run_id"], len(ids), tokens, rate, rate / ar_rate,
-            rejected / drafted if drafted else math.nan, f"{same}/{len(ids)}",
-            sum(scores) / len(scores) if scores else math.nan, sum(ar_scores) / len(ar_scores) if ar_scores else math.nan]
+    cells = paired_cells(cmp)
+    return [run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
+            cmp["speedup"].estimate, *cells[:2], rejected / drafted if drafted else math.nan,
+            f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
 
 
 def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = ()
@@ -92,11 +72,11 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     if ar["summary"].get("method") != "ar":
         raise ConfigError(f"{ar_id} is a {ar['summary'].get('method')!r} run; pass an ar run as the baseline")
     ar_ids = [e["id"] for e in ar["examples"]]
-    rows, runs = [_row(ar, ar, ar_ids)], [ar]
+    rows, runs = [_row(store, ar, ar)], [ar]
     ignored: set[str] = set()
     for run_id in run_ids:
         run = _finished(store, run_id)
-        diff = _differences(_workload(ar["config"]), _workload(run["config"]))
+        diff = differences(workload_without_subset(ar["config"]), workload_without_subset(run["config"]))
         ignored.update(d for d in diff if any(d == k or d.startswith(k + ".") for k in ignore))
         diff = [d for d in diff if d not in ignored]
         if diff:
@@ -106,12 +86,14 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
         if len(ids) < len(run["examples"]):
             raise ConfigError(f"{run_id} has examples the ar run {ar_id} lacks; run ar on a superset "
                               f"(a larger task.n_examples with the same task.seed)")
-        rows.append(_row(run, ar, ids))
+        rows.append(_row(store, run, ar))
         runs.append(run)
     runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None} for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
-            f"it shares with that run (nested id-hash subsets); tokens/s = new tokens / decode seconds summed "
-            f"over those examples."
+            f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
+            f"seconds summed over those examples. Intervals: bootstrap 95% over examples (speedups, continuous "
+            f"quality); p: exact McNemar for binary scores, Wilcoxon signed-rank otherwise. The predicted speedup "
+            f"prices each example's forward calls with the pair's measured cost file (load-free)."
             + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else ""))
     return rows, runs, note
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from viasd.report.common import REPORTS, _fmt, _label, repeat_groups, stat, write_table
+from viasd.report.common import (
+    PAIRED_HEADER,
+    PAIRED_NOTE,
+    REPORTS,
+    _fmt,
+    _label,
+    paired_cells,
+    paired_group,
+    repeat_groups,
+    stat,
+    write_table,
+)
 from viasd.tracking.baseline import quality, target_calls_per_token
 from viasd.tracking.store import RunStore
 
@@ -26,38 +37,45 @@ def table1(runs, missing, out: Path, store: RunStore, scale: str) -> list[str]:
                         "first_k KL", "every_other KL", "search min", "trials"], rows, runs, missing, scale=scale)
 
 
-def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, extra_keys: list[str]) -> list[str]:
+def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, extra_keys: list[str],
+                  store: RunStore) -> list[str]:
     rows = []
     for group in sorted(repeat_groups(runs), key=lambda g: (g[0]["summary"]["pair"], g[0]["summary"]["task"])):
         s = group[0]["summary"]
         qname, _ = quality(s)
+        cmp = paired_group(store, group)
+        cells = paired_cells(cmp)
         rows.append([s["pair"], s["task"], s["method"] + (f" ({_label(group[0], extra_keys)})" if extra_keys else ""),
                      len(group), stat([r["summary"].get("rejection_rate") for r in group]),
                      stat([target_calls_per_token(r["summary"]) for r in group]),
-                     stat([r["speedup"] for r in group]), stat([r["summary"].get("tokens_per_s") for r in group]),
-                     f"{qname}={_fmt(stat([quality(r['summary'])[1] for r in group]), 2)}" if qname else "–"])
-    return write_table(out, name, title, ["pair", "task", "method", "seeds", "rejection rate", "full-model calls/token",
-                                          "speedup vs ar (×)", "tokens/s", "quality"], rows, runs, missing, scale=scale)
+                     stat([r["speedup"] for r in group]), cmp["n"] if cmp else "–", *cells[:2],
+                     stat([r["summary"].get("tokens_per_s") for r in group]),
+                     f"{qname}={_fmt(stat([quality(r['summary'])[1] for r in group]), 2)}" if qname else "–",
+                     *cells[2:]])
+    header = ["pair", "task", "method", "seeds", "rejection rate", "full-model calls/token", "speedup vs ar (×)",
+              *PAIRED_HEADER[:3], "tokens/s", "quality", *PAIRED_HEADER[3:]]
+    return write_table(out, name, title, header, rows, runs, missing, note=PAIRED_NOTE, scale=scale)
 
 
 @REPORTS.register("table2")
 def table2(runs, missing, out, store, scale):
-    return _method_table("table2", "Table 2 — main results", runs, missing, out, scale, [])
+    return _method_table("table2", "Table 2 — main results", runs, missing, out, scale, [], store)
 
 
 @REPORTS.register("table3")
 def table3(runs, missing, out, store, scale):
-    return _method_table("table3", "Table 3 — encoder-decoder (T5)", runs, missing, out, scale, [])
+    return _method_table("table3", "Table 3 — encoder-decoder (T5)", runs, missing, out, scale, [], store)
 
 
 @REPORTS.register("table4")
 def table4(runs, missing, out, store, scale):
-    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale, ["method.slim.mask"])
+    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale, ["method.slim.mask"],
+                         store)
 
 
 @REPORTS.register("table5")
 def table5(runs, missing, out, store, scale):
     return _method_table("table5", "Table 5 — VIA-SD over each drafter", runs, missing, out, scale,
-                         ["method.drafter.name"])
+                         ["method.drafter.name"], store)
 
 

@@ -1,7 +1,7 @@
 """The project's one way to write a file atomically and to lock a path between processes.
 
 Every file the project publishes (run-store files, manifests, reports, fetched data) goes
-through :func:`atomic_write_text` / :func:`atomic_write_json`: the bytes are written to a
+through :func:`atomic_write_text` / :func:`atomic_write_json` (binary: :func:`atomic_write_bytes`): the bytes are written to a
 temporary file in the destination's folder, flushed to disk, given the mode a plain
 ``open(path, "w")`` would give (0644 under the usual umask), and moved over the destination
 with ``os.replace`` — a reader sees the old file or the new one, never half of one, and an
@@ -25,7 +25,8 @@ from filelock import FileLock, Timeout
 
 from viasd.errors import ConfigError
 
-__all__ = ["FILE_MODE", "append_text", "atomic_write_json", "atomic_write_text", "file_lock", "jsonable"]
+__all__ = ["FILE_MODE", "append_text", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "file_lock",
+           "jsonable"]
 
 #: Mode of every written file before the umask, like ``open(..., "w")`` (0644 under umask 022).
 FILE_MODE = 0o666
@@ -54,12 +55,21 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     The parent folder is created if needed. The file gets mode ``FILE_MODE & ~umask``. On any
     error (including Ctrl-C) the temp file is removed and ``path`` is left as it was.
     """
+    _atomic_write(path, text, "w")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, as :func:`atomic_write_text` does (binary files: traces)."""
+    _atomic_write(path, data, "wb")
+
+
+def _atomic_write(path: str | Path, data: str | bytes, mode: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE & ~_umask())

@@ -1,0 +1,182 @@
+"""``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
+[examples=N] [cost=auto|none|PATH] [runs_dir=…]``
+
+Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
+each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
+``method=via_sd method.tau_accept=0.9``, ``drafter@method.drafter=hybrid``), and a value list
+``method.tau_accept=0.5,0.8,1.1`` sweeps like Hydra's multirun (the cartesian product of every
+swept key). ``grid=FILE.yaml`` adds ``policies:`` — a list of ``{key: value or [values]}`` entries,
+each expanded the same way (``conf/replay/``). Without a policy the run's own is replayed and
+checked against its counters. Per policy it prints tier shares, calls per model, tier-1/2
+precision with Wilson 95% intervals, divergences from the trajectory and the cost model's
+predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
+policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]`` writes the frontier as a
+Markdown/LaTeX table and a figure. Greedy runs are replayed exactly, sampled ones as expected
+counters of ``sd`` (``docs/replay.md``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+import viasd.harness  # noqa: F401  (registers the config schemas the method YAMLs extend)
+from experiments.trace import argv_or_help
+from viasd.analysis.cost import CostModel, find_cost
+from viasd.analysis.paired import resolve_run_id
+from viasd.analysis.replay import Policy, TraceSet, replay
+from viasd.analysis.trace import trace_dir
+from viasd.errors import ConfigError, one_line_errors
+from viasd.methods.api import method_config
+from viasd.methods.ar import ARConfig
+from viasd.paths import PROJECT_ROOT, runs_dir
+from viasd.report.replayed import write_frontier
+from viasd.tracking.store import RunStore, RunStores, method_label
+from viasd.utils.fs import atomic_write_json
+
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir")
+#: Counters a replay of a run's own policy must reproduce (greedy: exactly).
+CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
+           "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
+           "tier1_accepted", "tier2_regenerated", "tier2_kept", "slim_bonus", "escalations", "tier3_accepted",
+           "tier3_rejected")
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """Hydra sweep syntax → the override lists of every combination (``k=a,b`` sweeps ``k``)."""
+    choices = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        prefix = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~"}.get(o.type.name, "")
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices.append([f"{prefix}{o.get_key_element()}={v}" for v in values])
+    return [list(c) for c in itertools.product(*choices)]
+
+
+def grid_overrides(path: str) -> list[list[str]]:
+    """The policies of a grid file: each ``{key: value | [values]}`` entry expanded."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"grid file not found: {p}")
+    entries = (yaml.safe_load(p.read_text()) or {}).get("policies")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{p} needs a `policies:` list of {{key: value or [values]}} entries")
+    out = []
+    for e in entries:
+        items = [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in e.items()]
+        out += expand(items)
+    return out
+
+
+def policies_for(groups: list[list[str]]) -> list[Policy]:
+    """Compose each override list as ``experiments.run`` would and type its method config."""
+    out = []
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        for ov in groups:
+            try:
+                node = compose(config_name="config", overrides=ov).method
+            except (HydraException, OmegaConfBaseException) as e:
+                raise ConfigError(f"policy {' '.join(ov)}: {str(e).splitlines()[0]}") from None
+            label = " ".join(o.removeprefix("method=").removeprefix("method.") for o in ov)
+            out.append(Policy(str(node.name), method_config(str(node.name), node), label, ov))
+    return out
+
+
+def _cell(v: Any, fmt: str = "{:.2f}") -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in results:
+        prec = {t: (f"{_cell(r.get(f'precision/tier{t}'))} [{_cell(r.get(f'precision/tier{t}_lo'))}, "
+                    f"{_cell(r.get(f'precision/tier{t}_hi'))}] n={r.get(f'precision/tier{t}_n', 0)}")
+                for t in (1, 2)}
+        calls = " / ".join(f"{m} {_cell(r.get(f'{m}_calls'), '{:.0f}')}" for m in ("target", "slim", "draft", "self_draft")
+                           if r.get(f"{m}_calls"))
+        rows.append([r["method"], calls, _cell(r.get("target_calls_per_token")), _cell(r.get("rejection_rate")),
+                     " / ".join(_cell(r.get(f"tier_share/tier{t}"), "{:.0%}") for t in (1, 2, 3)),
+                     prec[1], prec[2], _cell(r.get("divergences_per_100")),
+                     _cell(r.get("tokens_to_first_divergence"), "{:.0f}"), _cell(r.get("predicted_speedup"), "{:.2f}x"),
+                     "expected (sampled run)" if r.get("expected") else "yes" if r["exact"] else "estimate"])
+    return pd.DataFrame(rows, columns=["policy", "forward calls", "target calls/token", "rejection", "tier 1/2/3", "tier-1 precision",
+                                       "tier-2 precision", "div./100 tok", "tokens to 1st div.", "predicted speedup",
+                                       "exact"]).to_markdown(index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = argv_or_help(argv, __doc__)
+    if argv is None:
+        return 0
+    with one_line_errors():
+        ctl = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] in CONTROL}
+        rest = [a for a in argv if a.split("=", 1)[0] not in CONTROL]
+        if "run" not in ctl:
+            raise ConfigError("name the traced run: run=<run id>")
+        store = RunStores.default(ctl.get("runs_dir") or runs_dir())  # the user's store, then the results store
+        ctl["run"] = resolve_run_id(store, ctl["run"])
+        folder = trace_dir(store.root, ctl["run"])
+        if not (folder / "index.json").is_file():
+            raise ConfigError(f"run {ctl['run']} has no traces; run `python -m experiments.trace run={ctl['run']}`")
+        traces = TraceSet(folder)
+        groups = (expand(rest) if rest else []) + (grid_overrides(ctl["grid"]) if "grid" in ctl else [])
+        own = not groups
+        path = store.path(ctl["run"])
+        cfg = yaml.safe_load((path / "config.yaml").read_text())
+        summary = json.loads((path / "summary.json").read_text())
+        if own:
+            m = cfg["method"]
+            policies = [Policy(m["name"], method_config(m["name"], m), f"{method_label(m)} (the run's own)")]
+        else:
+            policies = policies_for(groups)
+        cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()))
+        n = int(ctl["examples"]) if "examples" in ctl else None
+        idx = list(range(min(n, traces.n_examples))) if n else None
+        if float(traces.meta.get("temperature", 0.0)) > 0:
+            cost = None  # expected counters: no per-call trace to price
+        ar_s = replay(traces, Policy("ar", ARConfig()), cost, idx)["wall_s"] if cost else None
+        t0, results = time.perf_counter(), []
+        for p in policies:
+            results.append(replay(traces, p, cost, idx, ar_s))
+        dt = time.perf_counter() - t0
+    print(table(results))
+    print(f"\n{len(results)} policies over {results[0]['n_examples']} examples of {ctl['run']} in {dt:.1f} s"
+          + ("" if cost else "; no cost file for this pair (predicted speedup –): "
+             "`python -m experiments.bench --cost-curve pair=<pair>` measures one")
+          + (f"; cost model {cost.path.name}" if cost and cost.path else ""))
+    if own:
+        diff = {k: (summary.get(k), results[0].get(k)) for k in CHECKED
+                if k in summary and summary.get(k) != results[0].get(k, 0)}
+        print("replay of the run's own policy reproduces its counters" if not diff else
+              f"replay differs from the run's counters (run, replay): {diff}")
+    if "out" in ctl:
+        atomic_write_json(Path(ctl["out"]), results)
+        print(f"wrote {ctl['out']}")
+    if "report" in ctl:  # DIR/NAME: the frontier as a table and a figure
+        target = Path(ctl["report"])
+        for p in write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", "")):
+            print(f"wrote {p}")
+    return 0
+
+
+def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, Any]) -> CostModel | None:
+    if spec == "none":
+        return None
+    if spec != "auto":
+        return CostModel.load(spec)
+    return find_cost(store.root, summary.get("pair", ""), meta.get("runtime"), meta.get("threads"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The load-free cost model (viasd.analysis.cost): pricing, layer decomposition, predictions from
+counters and replays, the stored cost file of ``experiments.bench --cost-curve``, and validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments import bench as bench_cmd
+from experiments import cost as cost_cmd
+from experiments import replay as replay_cmd
+from experiments import trace as trace_cmd
+from viasd.analysis.cost import COST, CostModel, cost_name, find_cost, predict_example
+from viasd.harness.runner import run
+from viasd.models.pairs import load_pair
+from viasd.paths import PROJECT_ROOT
+
+NS, CTX, PRE = [1, 2, 4, 8], [0, 1000], [64, 256]
+
+
+def linear(base: float, per_n: float, per_ctx: float) -> dict:
+    """A curve ``t = base + per_n·n + per_ctx·ctx`` on the grid (prefill at ctx 0)."""
+    return {"decode": [[base + per_n * n + per_ctx * c for c in CTX] for n in NS],
+            "prefill": [base + per_n * n for n in PRE]}
+
+
+def synthetic(pair: str = "tiny-llama") -> dict:
+    return {"grid": {"ns": NS, "contexts": CTX, "prefill_ns": PRE},
+            "meta": {"pair": pair},
+            "models": {"target": {"n_layers": 4, "native": linear(1e-3, 1e-4, 1e-6), "head_row": 2e-5,
+                                  "routed_base": linear(2e-4, 0.0, 0.0), "routed_layer": linear(2e-4, 2.5e-5, 2.5e-7)},
+                       "draft": {"n_layers": 1, "native": linear(3e-4, 2e-5, 1e-7), "head_row": 1e-5}}}
+
+
+def test_prices_interpolate_extrapolate_and_count_layers_and_rows():
+    cost = CostModel(synthetic())
+    t = cost.entry("target")
+    assert t.seconds(3, 500) == pytest.approx(1e-3 + 3e-4 + 5e-4)  # inside the grid: exact on a linear curve
+    assert t.seconds(128, 0) == pytest.approx(1e-3 + 128e-4)  # a prefill between the measured sizes
+    assert t.seconds(1024, 0) == pytest.approx(1e-3 + 1024e-4)  # ... and beyond them (linear extrapolation)
+    assert t.seconds(4, 2000) == pytest.approx(1e-3 + 4e-4 + 2e-3)  # a longer context than measured
+    assert t.seconds(4, 0, last=5) == pytest.approx(t.seconds(4, 0) + 4 * 2e-5)  # verification rows
+    # a forward through k of the 4 layers: base + k · per layer, e.g. the full model resuming at layer 2
+    assert t.seconds(1, 0, layers=2) == pytest.approx(2e-4 + 2 * (2e-4 + 2.5e-5))
+    assert t.seconds(1, 0, layers=4) > t.seconds(1, 0, layers=2)
+
+
+def test_an_ar_example_is_priced_call_by_call_from_its_counters():
+    cost = CostModel(synthetic())
+    p, n = 50, 21
+    rec = {"new_tokens": n, "target_calls": n, "target_tokens": p + n - 1}
+    got = predict_example(cost, rec, p, {"target": ("target", None)})
+    want = cost.entry("target").seconds(p, 0) + (n - 1) * cost.entry("target").seconds(1, p + n // 2)
+    assert got["target"] == pytest.approx(want) and got["total"] == pytest.approx(want)
+
+
+def test_find_cost_prefers_this_host_and_the_runtime(tmp_path):
+    runtime = {"backend": "packed", "dtype": "float32"}
+    folder = tmp_path / COST
+    folder.mkdir()
+    (folder / "tiny-llama__elsewhere__packed-float32-t1.json").write_text(json.dumps(synthetic()))
+    assert find_cost(tmp_path, "tiny-llama", runtime, 1).path.name.startswith("tiny-llama__elsewhere")
+    CostModel(synthetic()).save(folder / cost_name("tiny-llama", runtime, 1))
+    assert find_cost(tmp_path, "tiny-llama", runtime, 1).path.name == cost_name("tiny-llama", runtime, 1)
+    assert find_cost(tmp_path, "other", runtime, 1) is None
+
+
+def test_bench_cost_curve_stores_the_cost_model_once(tmp_path, capsys):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    args = [sys.executable, "-m", "experiments.bench", "--cost-curve", "pair=tiny-llama", "curve.ks=2", "curve.reps=1",
+            "curve.context=16", f"curve.out={tmp_path / 'c.json'}", f"curve.store={tmp_path}", "curve.backends=[eager]",
+            "pair.backend=eager", "curve.cost.reps=1", "curve.cost.ns=[1,2,4]", "curve.cost.contexts=[16,64]",
+            "curve.cost.prefill_ns=[32,64]"]
+    r = subprocess.run(args, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (path,) = (tmp_path / COST).iterdir()
+    cost = CostModel.load(path)
+    assert set(cost.models) == {"target", "draft"} and cost.models["target"].n_layers == 4
+    assert cost.price("target", 4, 32, last=4) > 0 and cost.price("target", 1, 32, layers=2) > 0
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):  # once per machine
+        cfg = compose(config_name="bench", overrides=[a for a in args[4:] if not a.startswith("curve.backends")])
+    bench_cmd.store_cost_model(cfg, load_pair("tiny-llama"), "eager")
+    assert "cost model reused" in capsys.readouterr().out
+
+
+def _run(*overrides):
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return run(compose(config_name="config", overrides=["pair=tiny-llama", "task=prompts", "task.n_examples=2",
+                                                             "generation.max_new_tokens=10", *overrides]))
+
+
+def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(runs_dir, tmp_path, capsys):
+    ar, sd = _run("method=ar"), _run("method=sd")
+    meta = json.loads((runs_dir / ar["run_id"] / "meta.json").read_text())
+    path = runs_dir / COST / cost_name("tiny-llama", meta["runtime"], meta["threads"])
+    CostModel(synthetic()).save(path)
+    assert trace_cmd.main([f"run={ar['run_id']}"]) == 0
+    out = tmp_path / "r.json"
+    assert replay_cmd.main([f"run={ar['run_id']}", "method=ar,sd", f"out={out}"]) == 0
+    got = {r["method"]: r for r in json.loads(out.read_text())}
+    assert got["ar"]["predicted_speedup"] == pytest.approx(1.0) and got["sd"]["predicted_speedup"] > 0
+    assert got["sd"]["target_calls"] == sd["target_calls"]  # sd is lossless: its trajectory is ar's
+    capsys.readouterr()
+    assert cost_cmd.main(["--runs-dir", str(runs_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert sd["run_id"] in printed and "mean |error|" in printed
+    rows = cost_cmd.validate(__import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir))
+    assert {r["method"] for r in rows} == {"ar", "sd"} and all(r["predicted"] > 0 for r in rows)

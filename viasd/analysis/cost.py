@@ -1,0 +1,196 @@
+"""Load-free speed: forward calls priced with each model's measured cost.
+
+A cost file (``<store>/_cost/<pair>__<host>__<backend>-<dtype>-t<threads>.json``, written by
+``python -m experiments.bench --cost-curve``) holds, per model of a pair (``target``, ``draft``,
+``intermediate``), the measured seconds of one forward that feeds ``n`` new tokens after
+``context`` cached ones and returns one logits row:
+
+* ``native``: the model's own forward (the target and draft streams);
+* ``routed_base`` + ``layers · routed_layer``: a forward through a routing plan that runs
+  ``layers`` decoder layers (slim verifiers, the ``self`` drafter — and any forward that runs
+  only some layers, e.g. a full pass resuming at the first skipped layer), fitted from routed
+  passes over all and over half of the layers;
+* ``head_row``: seconds per extra logits row (``last − 1``: verification rows, audit rows).
+
+``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts) and,
+for prefills beyond it, along a prefill line measured at an empty context plus the decode grid's
+context slope scaled by ``n``. :func:`predict_example` prices a finished example from its
+counters (calls, tokens, logits rows per model) when no trace gives each call;
+:class:`~viasd.analysis.sim.SimStream` prices each replayed call exactly (``docs/replay.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.interpolate import RegularGridInterpolator, interp1d
+
+from viasd.errors import ConfigError
+from viasd.utils.fs import atomic_write_json
+
+COST = "_cost"  # reserved folder of the run store
+
+
+def cost_name(pair: str, runtime: dict[str, Any], threads: int, host: str | None = None) -> str:
+    """The cost file name of a pair measured on ``host`` (default: this machine) with a runtime."""
+    host = host or platform.node() or "host"
+    return f"{pair}__{host}__{runtime.get('backend', 'eager')}-{runtime.get('dtype', 'float32')}-t{threads}.json"
+
+
+class Curve:
+    """``t(n, context)`` of one forward kind: a decode grid plus a prefill line (seconds)."""
+
+    def __init__(self, spec: dict[str, Any], ns: list[int], ctxs: list[int], prefill_ns: list[int]):
+        decode = np.asarray(spec["decode"], dtype=np.float64)  # [len(ns), len(ctxs)]
+        self.grid = RegularGridInterpolator((np.asarray(ns, float), np.asarray(ctxs, float)), decode,
+                                            bounds_error=False, fill_value=None)
+        self.n_max, self.ctxs = max(ns), ctxs
+        slope = (decode[-1, -1] - decode[-1, 0]) / (ctxs[-1] - ctxs[0]) if len(ctxs) > 1 else 0.0
+        self.ctx_slope = max(0.0, slope) / self.n_max  # per token fed and per cached token
+        pf = np.asarray(spec.get("prefill") or [], dtype=np.float64)
+        self.prefill = interp1d(np.asarray(prefill_ns, float), pf, fill_value="extrapolate") if len(pf) > 1 else None
+
+    def __call__(self, n: int, ctx: int) -> float:
+        if n <= self.n_max or self.prefill is None:
+            return max(0.0, float(self.grid([[n, ctx]])[0]))
+        return max(0.0, float(self.prefill(n)) + self.ctx_slope * n * ctx)
+
+
+@dataclass
+class ModelCost:
+    """The cost of one model: native / routed curves and the extra-row cost (see the module docstring)."""
+
+    n_layers: int | None
+    native: Curve
+    routed_base: Curve | None
+    routed_layer: Curve | None
+    head_row: float
+
+    def seconds(self, n: int, ctx: int, last: int = 1, layers: int | None = None) -> float:
+        """Predicted seconds of a forward feeding ``n`` tokens after ``ctx`` cached ones, returning
+        ``last`` rows; ``layers``: a routed forward through that many decoder layers."""
+        if layers is None or self.routed_base is None:
+            t = self.native(n, ctx)
+        else:
+            t = self.routed_base(n, ctx) + layers * self.routed_layer(n, ctx)
+        return t + max(0, last - 1) * self.head_row
+
+
+class CostModel:
+    """Every model of a pair priced from one cost file (``data``: its JSON)."""
+
+    def __init__(self, data: dict[str, Any], path: Path | None = None):
+        self.data, self.path, self.meta = data, path, data.get("meta", {})
+        g = data["grid"]
+        curve = (lambda spec: Curve(spec, g["ns"], g["contexts"], g["prefill_ns"]) if spec else None)
+        self.models = {name: ModelCost(m.get("n_layers"), curve(m["native"]), curve(m.get("routed_base")),
+                                       curve(m.get("routed_layer")), float(m.get("head_row", 0.0)))
+                       for name, m in data["models"].items()}
+        self._memo: dict[tuple, float] = {}
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        path = Path(path)
+        try:
+            return cls(json.loads(path.read_text()), path)
+        except (OSError, KeyError, ValueError) as e:
+            raise ConfigError(f"cost file {path} is unreadable ({e}); re-measure it with "
+                              "`python -m experiments.bench --cost-curve pair=<pair> curve.remeasure=true`") from e
+
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, self.data)
+
+    def entry(self, model: str) -> ModelCost:
+        if model not in self.models:
+            raise ConfigError(f"the cost file {self.path} has no {model!r} model (it has {sorted(self.models)}); "
+                              "re-measure with `python -m experiments.bench --cost-curve curve.remeasure=true`")
+        return self.models[model]
+
+    def price(self, model: str, n: int, ctx: int, last: int = 1, layers: int | None = None) -> float:
+        """Seconds of one forward of ``model``: :meth:`ModelCost.seconds`, memoized at contexts that are
+        multiples of 16 and interpolated between them (exact: the curves are linear in the context
+        between grid contexts, which are multiples of 16)."""
+        lo, frac = ctx // 16, (ctx % 16) / 16
+
+        def at(b: int) -> float:
+            key = (model, n, b, last, layers)
+            if key not in self._memo:
+                self._memo[key] = self.entry(model).seconds(n, 16 * b, last, layers)
+            return self._memo[key]
+
+        return at(lo) + frac * (at(lo + 1) - at(lo)) if frac else at(lo)
+
+    def pricer(self, model: str, layers: int | None = None):
+        """``(n, ctx, last) -> seconds`` for one stream (:class:`~viasd.analysis.sim.SimStream`)."""
+        return lambda n, ctx, last: self.price(model, n, ctx, last, layers)
+
+
+def find_cost(store_root: Path, pair: str, runtime: dict[str, Any] | None = None, threads: int | None = None,
+              ) -> CostModel | None:
+    """The cost model of ``pair`` in ``<store>/_cost/``: this host's file for the runtime first, else
+    any file of the pair and runtime, else any file of the pair; None when there is none."""
+    folder = Path(store_root) / COST
+    if not folder.is_dir():
+        return None
+    files = sorted(folder.glob(f"{pair}__*.json"))
+    if runtime is not None and threads is not None:
+        exact = folder / cost_name(pair, runtime, threads)
+        if exact.is_file():
+            return CostModel.load(exact)
+        tail = cost_name(pair, runtime, threads).split("__")[-1]
+        files = [f for f in files if f.name.endswith(tail)] or files
+    return CostModel.load(files[0]) if files else None
+
+
+def verifier_rows(rec: dict[str, Any], stream: str) -> int:
+    """Logits rows a stream's calls returned in one finished example, from its counters (``ar``: one
+    per call; the target of ``sd``/``cascade_sd``: ``drafted + rounds``; VIA-SD's target: the verified
+    positions plus the audit rows; the slim verifier: ``drafted + slim calls``; drafters: one per call)."""
+    calls = int(rec.get(f"{stream}_calls", 0) or 0)
+    if stream == "target" and "escalations" in rec:
+        return int(rec.get("tier3_accepted", 0) + rec.get("tier3_rejected", 0) + rec.get("escalations", 0)
+                   + rec.get("audit/rows", 0))
+    if stream == "target" and rec.get("drafted"):
+        return int(rec["drafted"] + rec.get("rounds", 0))
+    if stream == "slim":
+        return int(rec.get("drafted", 0) + calls)
+    return calls
+
+
+def predict_example(cost: CostModel, rec: dict[str, Any], prompt_len: int,
+                    streams: dict[str, tuple[str, int | None]]) -> dict[str, float]:
+    """Predicted seconds per stream of one finished example from its counters.
+
+    ``streams``: stream name → (cost model entry, routed layers or None). The first call of each
+    stream feeds the prompt (at most ``prompt_len`` tokens), the others share the rest of its
+    tokens evenly at the mean context (prompt + half the output); extra logits rows cost
+    ``head_row`` each (:func:`verifier_rows`). Returns ``{stream: seconds}`` and ``"total"``.
+    """
+    out, n_new = {}, int(rec.get("new_tokens", 0))
+    for name, (model, layers) in streams.items():
+        calls, tokens = int(rec.get(f"{name}_calls", 0) or 0), int(rec.get(f"{name}_tokens", 0) or 0)
+        if not calls:
+            continue
+        first = max(1, min(prompt_len, tokens - (calls - 1)))
+        rest = calls - 1
+        t = cost.price(model, first, 0, 1, layers)
+        if rest:
+            t += rest * cost.entry(model).seconds(max(1, round((tokens - first) / rest)), prompt_len + n_new // 2,
+                                                  1, layers)
+        t += max(0, verifier_rows(rec, name) - calls) * cost.entry(model).head_row
+        out[name] = t
+    out["total"] = sum(out.values())
+    return out
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """``predicted / measured − 1`` (NaN when either is missing)."""
+    if not predicted or not measured or math.isnan(predicted) or math.isnan(measured):
+        return math.nan
+    return predicted / measured - 1.0

@@ -1,0 +1,64 @@
+"""A replayed frontier (``experiments.replay … report=DIR/NAME``) as a table and a figure.
+
+One row / point per replayed policy (:func:`viasd.analysis.replay.replay` results): the predicted
+(load-free) speedup over ``ar`` on the same trajectory, tier shares, tier-1 and tier-2 precision
+with their Wilson 95% intervals and ``n``, divergences from the trajectory per 100 tokens, and
+whether the counters are exact. The figure draws predicted speedup against divergences per 100
+tokens and against tier-1 precision (with its interval).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from viasd.report.common import save_figure, write_table
+
+HEADER = ["policy", "predicted speedup", "target calls / token", "tier 1 / 2 / 3", "tier-1 precision [95% CI] (n)",
+          "tier-2 precision [95% CI] (n)", "divergences / 100 tokens", "tokens to first divergence", "exact"]
+
+
+def _prec(r: dict[str, Any], tier: int) -> str:
+    n = r.get(f"precision/tier{tier}_n", 0)
+    if not n:
+        return "– (0)"
+    return (f"{r[f'precision/tier{tier}']:.3f} [{r[f'precision/tier{tier}_lo']:.3f}, "
+            f"{r[f'precision/tier{tier}_hi']:.3f}] ({n})")
+
+
+def _share(r: dict[str, Any]) -> str:
+    if "tier_share/tier1" not in r:
+        return "lossless"
+    return " / ".join(f"{100 * r[f'tier_share/tier{t}']:.0f}%" for t in (1, 2, 3))
+
+
+def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: str, scale: str = "") -> list[str]:
+    """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources) of a replayed frontier under ``out``."""
+    import matplotlib.pyplot as plt
+
+    rows = [[r["method"], r.get("predicted_speedup", math.nan), r.get("target_calls_per_token"), _share(r),
+             _prec(r, 1), _prec(r, 2), r.get("divergences_per_100"), r.get("tokens_to_first_divergence"),
+             "yes" if r.get("exact") else "estimate"] for r in results]
+    runs = [{"run_id": run_id, "ar": None, "ar_command": None}]
+    n = results[0]["n_examples"] if results else 0
+    note = (f"Replayed over the trajectory of `{run_id}` ({n} examples; `python -m experiments.replay`, "
+            "docs/replay.md): no decoding. Predicted speedup: the cost model's, against `ar` replayed on the same "
+            "trajectory (load-free). Precision: share of a tier's tokens equal to the target's greedy token, Wilson "
+            "95% interval and n tokens. A policy is exact up to its first divergence from the trajectory.")
+    paths = write_table(out, name, f"Replayed frontier ({len(results)} policies)", HEADER, rows, runs, [], note, scale)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for r in results:
+        sp = r.get("predicted_speedup", math.nan)
+        lossless = "tier_share/tier1" not in r
+        style = dict(marker="s" if lossless else "o", ms=3, color="C3" if lossless else "C0", alpha=0.7)
+        axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="", **style)
+        n1 = r.get("precision/tier1_n", 0)
+        if n1:
+            p, lo, hi = (r[f"precision/tier1{s}"] for s in ("", "_lo", "_hi"))
+            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=3, color="C0", alpha=0.6, capsize=1)
+    axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
+    axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95%)")
+    fig.suptitle(f"replayed frontier over {run_id} (squares: lossless methods)", fontsize=8)
+    fig.tight_layout()
+    return paths + save_figure(fig, out, name, runs, [], scale)

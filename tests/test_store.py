@@ -198,7 +198,7 @@ def test_a_full_disk_stops_a_grid_after_one_line(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [ln for ln in r.stderr.splitlines() if "no space left" in ln]
     assert len(errors) == 1 and errors[0].startswith("error in tiny-llama/"), r.stderr[-3000:]
-    assert "3 failed" in r.stderr and not [p for p in runs.iterdir() if p.is_dir()]
+    assert "3 of 3 runs failed" in r.stderr and not [p for p in runs.iterdir() if p.is_dir()]
 
 
 def test_results_store_is_read_beside_the_local_one_and_only_publish_writes_it(ar_sd, runs_dir, tmp_path, capsys):

@@ -29,13 +29,28 @@ KILL_CORE = textwrap.dedent("""
     (store / "r1" / "examples.jsonl").write_text('{"x": 1}\\n')
     wb = WandbLogger({"store_dir": str(store), "wandb": {"mode": "offline", "project": "t"}}, {"a": 1}, "r1")
     assert wb.run is not None
-    for p in Path("/proc").iterdir():  # this process's own W&B service
+    parent, cmdline = {}, {}
+    for p in Path("/proc").iterdir():
         try:
             stat, cmd = (p / "stat").read_text(), (p / "cmdline").read_bytes()
-        except OSError:
+        except (OSError, ValueError):
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"wandb-core" in cmd:
-            os.kill(int(p.name), signal.SIGKILL)
+        if p.name.isdigit():
+            parent[int(p.name)], cmdline[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1]), cmd
+
+    def ours(pid):  # a descendant of this process (the service may sit below a launcher)
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    cores = [pid for pid, cmd in cmdline.items() if b"wandb-core" in cmd and ours(pid)]
+    for pid in cores:
+        os.kill(pid, signal.SIGKILL)
+    if not cores:
+        print("no wandb-core process")
+        sys.exit(0)
     time.sleep(1)
     for i in range(3):
         wb.log_example(i, {"x": i})
@@ -55,6 +70,8 @@ def test_a_killed_wandb_core_is_one_warning_and_no_teardown_traceback(tmp_path):
     store = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-c", KILL_CORE, str(store)], cwd=PROJECT_ROOT, env=_env(tmp_path),
                        capture_output=True, text=True, timeout=180)
+    if "no wandb-core process" in r.stdout:
+        pytest.skip("this wandb version runs no separate wandb-core process below ours")
     assert r.returncode == 0 and "run went on" in r.stdout, r.stderr[-3000:]
     assert r.stderr.count("W&B stopped while") == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr[-3000:]

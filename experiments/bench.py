@@ -7,6 +7,9 @@ goals live here, never in timed unit tests. Use 1 torch thread (``threads=1``).
 instead prints, per model of the pair (draft, slim verifier at ``curve.keep_ratio``, target) and
 per backend, the forward time for 1..``curve.ks`` new tokens after ``curve.context`` cached ones as
 ratios t(k)/t(1), and the bandwidth floor; JSON goes to ``curve.out`` (default: the run store).
+With ``curve.tier_paths`` (default) it then prints the per-round cost of each VIA-SD tier path
+(tier-1-only, tier-2, escalating with separate caches and with the shared prefix) in target-forward
+units for the slim verifier ``curve.slim`` at ``curve.keep_ratio`` (JSON: ``curve.tier_out``).
 """
 
 from __future__ import annotations
@@ -102,6 +105,30 @@ def run_cost_curve(cfg: DictConfig) -> None:
                              "read_bandwidth_Bps": bandwidth,
                              "dtype": pair.extras["runtime"]["dtype"]})
     print(f"wrote {c.out}")
+    if c.get("tier_paths"):
+        run_tier_paths(cfg, pair, backends[0] if c.interleave else backends[-1])
+
+
+def run_tier_paths(cfg: DictConfig, pair, backend: str) -> None:
+    """The ``--cost-curve`` rows of VIA-SD's tier paths (:mod:`viasd.harness.tier_cost`): per-round
+    cost of each path in target-forward units, JSON to ``curve.tier_out``."""
+    import torch
+
+    from viasd.config import to_dataclass
+    from viasd.harness.bench import format_table, write_json
+    from viasd.harness.tier_cost import TIER_COLUMNS, tier_path_costs
+    from viasd.methods.via_sd import SlimConfig
+
+    c = cfg.curve
+    slim = to_dataclass(SlimConfig, {"keep_ratio": float(c.keep_ratio), **OmegaConf.to_container(c.slim, resolve=True)})
+    rows = tier_path_costs(pair, slim, int(cfg.gamma), int(c.context), int(c.reps), str(c.clock))
+    print(f"\nVIA-SD tier paths: pair={pair.name} backend={backend} gamma={cfg.gamma} slim={slim.mask}@{slim.keep_ratio} "
+          f"({slim.space}) context={c.context} reps={c.reps} clock={c.clock} threads={torch.get_num_threads()}")
+    print(format_table(rows, TIER_COLUMNS))
+    write_json(c.tier_out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "backend": backend,
+                                  "gamma": cfg.gamma, "slim": OmegaConf.to_container(c.slim, resolve=True),
+                                  "keep_ratio": c.keep_ratio, "context": c.context, "reps": c.reps, "clock": c.clock})
+    print(f"wrote {c.tier_out}")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")

@@ -182,6 +182,13 @@ def route_round(
     raise AssertionError("unreachable: the bonus position always ends the round")
 
 
+def escalates_at_start(k: int, unverified: int, max_unverified: int | None) -> bool:
+    """Whether :func:`route_round` escalates at position 0 whatever the distributions say: an
+    empty block (``k = 0``), or ``unverified`` already at ``max_unverified``. Its route is then
+    :func:`escalate_at_once`'s, and no slim pass is needed to find it."""
+    return k == 0 or (max_unverified is not None and unverified >= int(max_unverified))
+
+
 def escalate_at_once() -> Route:
     """The route when the tiers are off (thresholds > 1): escalate at position 0, as ``sd`` verifies."""
     return Route([Step(0, 3, ESCALATE, "full")], 0, None, 0)

@@ -40,6 +40,16 @@ IDENTITY_UNSET: dict[str, Any] = {
     "generation.stop_strings": [],
     "generation.eos_token_ids": None,
     "method.drafter.lookup_min": None,
+    # The slim verifier's sub-layer masks and shared prefix (issue 27): defaults reproduce the older runs.
+    "method.slim.space": "layers",
+    "method.slim.share_prefix": True,
+    # DIMR search: sub-layer space, in-domain calibration, held-out split, confident top-1, streaming bounds.
+    "search.space": "layers",
+    "search.calibration_runs": [],
+    "search.held_out": 0.0,
+    "search.tau_slim": 0.6,
+    "search.memo_mib": 1024,
+    "search.stat_mib": 64,
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from viasd.dimr.memory import cell_peak
 from viasd.errors import ConfigError
 from viasd.models.gguf_index import converted_dir, index_model
 
@@ -72,6 +73,7 @@ class CellPlan:
     data: list[str] = field(default_factory=list)
     finished: bool = False
     notes: list[str] = field(default_factory=list)
+    memory_basis: str = f"weights x {OVERHEAD}"
 
 
 def visible_gpus_gib() -> list[float]:
@@ -289,7 +291,13 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
         plan.data += _calibration(cfg)
     plan.models = _models(pair, dtype)
     plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
-    plan.need_gib = sum(m["gib"] for m in plan.models) * OVERHEAD
+    weights = sum(m["gib"] for m in plan.models)
+    plan.need_gib = weights * OVERHEAD
+    if entry != "run":  # DIMR search / KL geometry: the streamed calibration's peak, as the code allocates it
+        peak = cell_peak(cfg, pair, int(weights * GIB), entry)
+        plan.need_gib = peak["total"] / GIB
+        plan.memory_basis = "weights {:.2f} + hidden states {:.2f} + memo {:.2f} + batch/chunk {:.2f} GiB".format(
+            *(peak[k] / GIB for k in ("weights", "persistent", "memo", "transient")))
     store = RunStore(cfg.tracking.store_dir)
     as_run = cfg.copy()
     with open_dict(as_run):
@@ -325,7 +333,7 @@ def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
     if plan.need_gib > have:
         how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
         raise ConfigError(
-            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, weights x {OVERHEAD}) "
+            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
             f"but fits only {how}; use more or larger GPUs"
             + ("" if spread else " or set pair.device_map=auto to spread the models")
         )
@@ -338,7 +346,7 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
         gated = "  gated" if m["gated"] else ""
         print(f"    {m['role']:<12} {m['id']}@{m['revision']}  {m['dtype']}  {m['device']}  "
               f"{m['params'] / 1e9:.3f}B params  {m['gib']:.2f} GiB{gated}")
-    print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} (weights x {OVERHEAD})")
+    print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} ({plan.memory_basis})")
     for line in plan.data:
         print(f"    data         {line}")
     for note in plan.notes:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig, to_dataclass
+from viasd.dimr.calibration import calibration_inputs
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.engine.result import DecodeResult
 from viasd.errors import RunInterrupted
@@ -109,7 +110,7 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
         mask = slim.mask
         if mask == "auto":
             files["method.slim.mask"] = mask_path(str(cfg.pair.name), float(slim.get("keep_ratio", 0.5)),
-                                                  str(slim.get("objective", "kl")))
+                                                  str(slim.get("objective", "kl")), str(slim.get("space", "layers")))
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
     return {k: p for k, p in files.items() if p.is_file()}
@@ -126,7 +127,8 @@ def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str
     :func:`slim_mask_used` records, so a run's id follows the mask it reads, and runs that never
     read one keep their id when a pair config ships a new mask."""
     slim = OmegaConf.select(cfg, "method.slim", default=None)
-    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto":
+    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto" or \
+            str(slim.get("space", "layers")) != "layers":  # pairs ship whole-layer masks only
         return {}
     shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
     layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
@@ -154,6 +156,7 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
         inputs.update(shipped_mask_input(cfg, inputs))
         resolved["inputs"] = inputs if entry == "run" else {k: v for k, v in inputs.items() if k.startswith("method.")}
     if entry == "search":
+        resolved.update(calibration_inputs(cfg))  # in-domain calibration: the stored runs it reads
         resolved["method"] = {"name": "dimr_search"}
         resolved["task"] = {"name": "calibration"}
     elif entry == "kl":
@@ -179,7 +182,7 @@ def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | 
     if slim is None:
         return None
     _, plan, desc = resolve_plan(pair, slim)
-    layers = list(plan.layers) if plan is not None else None
+    layers = plan.spec() if plan is not None else None
     sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
     return {"layers": layers, "source": desc,
             "sha256": sha or layers_sha256(layers)}
@@ -324,7 +327,8 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
     run_id = run_id_for(resolved)
     wb = WandbLogger(cfg.tracking, resolved, run_id, **labels_for(resolved))
-    art = search_mask(pair, scfg, on_trial=wb.trial_logger())  # trials reach W&B as they run
+    art = search_mask(pair, scfg, on_trial=wb.trial_logger(),  # trials reach W&B as they run
+                      store_dir=cfg.tracking.store_dir)
     rnd = art["baselines"]["random"]
     print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
           f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")
@@ -352,7 +356,8 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:
     """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
-    from viasd.dimr.search import calibration_texts, kl_geometry
+    from viasd.dimr.calibration import calibration_texts
+    from viasd.dimr.search import kl_geometry
     from viasd.methods.via_sd import SlimConfig
 
     _prepare(cfg)
@@ -370,8 +375,9 @@ def run_kl(cfg: DictConfig) -> dict[str, Any]:
 
         raise ConfigError("KL geometry is measured for routed slim verifiers; an independent model has no mask")
     texts = calibration_texts(calib, int(cfg.search.n_calibration), int(cfg.seed))
-    out = kl_geometry(pair, list(plan.layers), texts, int(cfg.search.seq_len), int(cfg.search.batch_size))
-    out.update({"layers": list(plan.layers), "mask": desc, "method": "kl_geometry", "pair": pair.name,
+    out = kl_geometry(pair, plan.spec(), texts, int(cfg.search.seq_len), int(cfg.search.batch_size),
+                      float(cfg.search.get("memo_mib", 1024)), float(cfg.search.get("stat_mib", 64)))
+    out.update({"layers": plan.spec(), "mask": desc, "method": "kl_geometry", "pair": pair.name,
                 "task": "+".join(calib), "keep_ratio": slim_cfg.keep_ratio})
     print(json.dumps(out, indent=2))
     run_dir = RunStore(cfg.tracking.store_dir).open(run_id_for(resolved), resolved)

@@ -67,22 +67,24 @@ class Budget:
     ``costs``: ``{(layer, kind): parameters}``; ``limit``: parameters of ``budget(n, r)`` layers —
     the first and the last, and ``budget − 2`` middle layers of the mean middle layer's size (T5's
     block 0 also holds the position bias); ``fixed``: units every candidate keeps (first and last
-    layer); ``free``: the others, in execution order.
+    layer — the first ``keep_first`` layers with ``keep_first > 1``); ``free``: the others, in execution order.
     """
 
-    def __init__(self, costs: Mapping[Unit, int], n_layers: int, keep_ratio: float):
+    def __init__(self, costs: Mapping[Unit, int], n_layers: int, keep_ratio: float, keep_first: int = 1):
         self.costs, self.n = dict(costs), n_layers
         self.total = sum(self.costs.values())
         ends = {0, n_layers - 1}
-        self.fixed = [u for u in all_units(n_layers) if u[0] in ends]
-        self.free = [u for u in all_units(n_layers) if u[0] not in ends]
-        fixed, free = sum(self.costs[u] for u in self.fixed), sum(self.costs[u] for u in self.free)
-        middle = max(1, n_layers - len(ends))
-        self.limit = fixed + (budget(n_layers, keep_ratio) - len(ends)) * free / middle if n_layers > 2 else self.total
+        middle = [u for u in all_units(n_layers) if u[0] not in ends]
+        mean = sum(self.costs[u] for u in middle) / max(1, n_layers - 2)
+        self.limit = sum(self.costs[u] for u in all_units(n_layers) if u[0] in ends) + \
+            (budget(n_layers, keep_ratio) - 2) * mean if n_layers > 2 else self.total
+        fixed = set(range(max(1, keep_first))) | {n_layers - 1}
+        self.fixed = [u for u in all_units(n_layers) if u[0] in fixed]
+        self.free = [u for u in all_units(n_layers) if u[0] not in fixed]
 
     @classmethod
-    def of(cls, model, keep_ratio: float) -> Budget:
-        return cls(unit_params(model), num_layers(model), keep_ratio)
+    def of(cls, model, keep_ratio: float, keep_first: int = 1) -> Budget:
+        return cls(unit_params(model), num_layers(model), keep_ratio, keep_first)
 
     def cost(self, plan: RoutingPlan) -> int:
         """Parameters a pass of ``plan`` reads per token (its decoder sub-layers)."""

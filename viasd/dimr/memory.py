@@ -4,7 +4,8 @@
 
 * **persistent** — the weights; the token ids (int64; T5 also its teacher-forced decoder ids
   and the encoder output); the target's final hidden states ``N × H`` and, when the draft is
-  loaded, the draft's ``N × H_d`` (model dtype, ``N`` calibration tokens);
+  loaded, the draft's ``N × H_d`` (model dtype, ``N`` calibration tokens); the target's cached
+  log-probs (``cache_mib``, whole chunks, 0 by default);
 * **memo** — hidden states after layer prefixes, ``B × L × H`` each, at most ``memo_mib``;
 * **transient** — the larger of one sub-layer's activations on a batch (attention:
   normed input, q/k/v, rotated q/k, keys and values repeated to every head, output, the
@@ -92,7 +93,7 @@ def shape_of_model(model) -> ModelShape:
 
 def calibration_peak_bytes(target: ModelShape, draft: ModelShape | None, n_tokens: int, batch_size: int,
                            seq_len: int, dtype_bytes: int, weights_bytes: int = 0, memo_mib: float = 1024.0,
-                           stat_mib: float = 64.0, tv_terms: bool = False) -> dict[str, int]:
+                           stat_mib: float = 64.0, tv_terms: bool = False, cache_mib: float = 0.0) -> dict[str, int]:
     """Peak bytes of a calibration (search or KL geometry) with ``n_tokens`` tokens in batches of
     ``batch_size`` rows of ``seq_len`` tokens; ``draft``: the draft's shape when it is loaded.
 
@@ -114,6 +115,8 @@ def calibration_peak_bytes(target: ModelShape, draft: ModelShape | None, n_token
     mlp = positions * b * (2 * H + 3 * target.intermediate)
     V = target.vocab
     C = min(chunk_positions(V, stat_mib), positions)
+    n_chunks = -(-n_tokens // positions) * -(-positions // C)
+    persistent += min(int(cache_mib * MIB) // (4 * C * V), n_chunks) * 4 * C * V  # cached target log-probs
     k = 3 if draft is not None else 2
     stats = max(4 * k + 9, 4 * (k - 1) + b + 4 + (4 if b != 4 else 0)) * C * V
     if tv_terms:
@@ -170,4 +173,5 @@ def cell_peak(cfg, pair: dict[str, Any], weights_bytes: int, entry: str) -> dict
     dtype = str(s.get("dtype", "float32") if entry == "kl" else s.dtype)
     return calibration_peak_bytes(shapes["target"], shapes.get("draft"), n_search * int(s.seq_len),
                                   int(s.batch_size), int(s.seq_len), BYTES.get(dtype, 4), weights_bytes,
-                                  float(s.get("memo_mib", 1024)), float(s.get("stat_mib", 64)), tv_terms=entry == "kl")
+                                  float(s.get("memo_mib", 1024)), float(s.get("stat_mib", 64)), tv_terms=entry == "kl",
+                                  cache_mib=float(s.get("cache_mib", 0.0)) if entry == "search" else 0.0)

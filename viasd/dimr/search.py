@@ -8,11 +8,13 @@ slim verifier's argmax is the target's among those where its max probability is 
 mask's record carries all of them (the Pythagorean terms when the draft is loaded), the top-1
 agreement, the confident share and the share of decoder parameters it reads.
 
-Search space (``space``): ``layers`` — a mask keeps the first and last layer and
+Search space (``space``): ``layers`` — a mask keeps the first (``keep_first``) and last layer and
 ``budget(n, keep_ratio)`` layers in all, parametrized by one score per middle layer (the
 top-scoring layers are kept); ``sublayers`` — one score per attention and MLP sub-layer of the
 middle layers, kept by score while they fit the parameter budget of the same keep ratio
 (:class:`~viasd.dimr.masks.Budget`: whole-layer and sub-layer masks read equally many weights).
+``keep_first > 1`` keeps the first layers whole in every candidate: an escalation resumes the full
+model at the first skipped sub-layer, so this bounds what an escalating round costs.
 
 Search, in evaluations of the objective: (1) screening — drop each middle layer (sub-layer)
 alone and seed the optimizer with the resulting ranking (1 evaluation); these are reported
@@ -75,6 +77,8 @@ class SearchConfig:
     tau_slim: float = 0.6  # confident_top1 counts positions where the slim verifier's max prob >= tau_slim
     memo_mib: float = 1024.0  # bound of the memo of hidden states after layer prefixes
     stat_mib: float = 64.0  # one [positions, vocab] float32 statistics tensor (the streamed chunk)
+    keep_first: int = 1  # candidates keep the first keep_first layers whole (where an escalation resumes)
+    cache_mib: float = 0.0  # keep the target's log-probs while they fit (0: rebuild per mask, the streamed default)
 
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -87,6 +91,8 @@ class SearchConfig:
             raise ConfigError(f"search.space must be one of {SPACES} (got {self.space!r})")
         if not 0 <= self.held_out < 1:
             raise ConfigError(f"search.held_out must be in [0, 1) (got {self.held_out})")
+        if int(self.keep_first) < 1:
+            raise ConfigError(f"search.keep_first must be >= 1 (got {self.keep_first}); 1 keeps layer 0 only")
 
 
 def mask_record(calib: Calibration, plan: RoutingPlan, cfg: SearchConfig, b: Budget) -> dict[str, Any]:
@@ -106,10 +112,14 @@ class Space:
 
     def __init__(self, target, cfg: SearchConfig):
         self.n, self.cfg = num_layers(target), cfg
-        self.b = Budget.of(target, cfg.keep_ratio)
+        self.first = min(max(1, int(cfg.keep_first)), self.n - 1)
+        self.b = Budget.of(target, cfg.keep_ratio, self.first)
         self.k = budget(self.n, cfg.keep_ratio)
+        if cfg.space == "layers" and self.k < self.first + 1:
+            raise ConfigError(f"search.keep_first={cfg.keep_first} keeps more layers than keep_ratio={cfg.keep_ratio} "
+                              f"allows ({self.k} of {self.n}); lower search.keep_first")
         self.target = target
-        self.free = list(range(1, self.n - 1)) if cfg.space == "layers" else list(self.b.free)
+        self.free = list(range(self.first, self.n - 1)) if cfg.space == "layers" else list(self.b.free)
         self.tight = self.k < self.n if cfg.space == "layers" else self.b.limit < self.b.total
 
     def names(self) -> list[str]:
@@ -121,8 +131,8 @@ class Space:
     def from_scores(self, scores: list[float]) -> RoutingPlan:
         order = [u for _, u in sorted(zip(scores, range(len(self.free))), key=lambda t: -t[0])]
         if self.cfg.space == "layers":
-            top = [self.free[j] for j in order[: self.k - 2]]
-            return RoutingPlan.of_layers({0, self.n - 1, *top} if self.k < self.n else range(self.n))
+            top = [self.free[j] for j in order[: self.k - self.first - 1]]
+            return RoutingPlan.of_layers({*range(self.first), self.n - 1, *top} if self.k < self.n else range(self.n))
         return self.b.fill([self.free[j] for j in order])
 
     def drop(self, j: int) -> RoutingPlan:
@@ -173,7 +183,7 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
     n, k = space.n, space.k
     chunks, held, calib_info = calibration_split(pair, cfg, store_dir)
     calib = Calibration(pair, chunks, cfg.batch_size, need_draft=pair.draft is not None,
-                        memo_mib=cfg.memo_mib, stat_mib=cfg.stat_mib)
+                        memo_mib=cfg.memo_mib, stat_mib=cfg.stat_mib, cache_mib=cfg.cache_mib)
     seen: dict[RoutingPlan, dict[str, float]] = {}
     trials: list[dict[str, Any]] = []
 
@@ -270,10 +280,11 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
 def _held_out(pair, cfg: SearchConfig, held: list[list[int]], space: Space, best_trial: dict[str, Any],
               baselines: dict[str, Any], calib: Calibration) -> dict[str, Any]:
     """Statistics of the result, ``first_k``, ``every_other`` and the best random mask on held-out text."""
-    calib.memo.clear()  # the search's memo is not needed any more
+    calib.memo.clear()  # the search's memo and cached log-probs are not needed any more
+    calib.cached.clear()
     calib.memo_bytes = 0
     hcal = Calibration(pair, held, cfg.batch_size, need_draft=pair.draft is not None, memo_mib=cfg.memo_mib,
-                       stat_mib=cfg.stat_mib)
+                       stat_mib=cfg.stat_mib, cache_mib=cfg.cache_mib)
     best_random = min(baselines["random"], key=lambda r: r["objective"]) if baselines["random"] else None
     masks = {"searched": best_trial["layers"], "first_k": baselines["first_k"]["layers"],
              "every_other": baselines["every_other"]["layers"]}

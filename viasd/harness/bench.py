@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig
 from viasd.core.rules import expected_tokens, ideal_speedup
-from viasd.engine.result import DecodeResult
 from viasd.engine.paths import unit_modules
+from viasd.engine.result import DecodeResult
 from viasd.engine.routing import RoutingPlan, all_units, decoder_layers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.harness.runner import aggregate

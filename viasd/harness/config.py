@@ -50,6 +50,8 @@ IDENTITY_UNSET: dict[str, Any] = {
     "search.tau_slim": 0.6,
     "search.memo_mib": 1024,
     "search.stat_mib": 64,
+    "search.keep_first": 1,
+    "search.cache_mib": 0,
 }
 
 

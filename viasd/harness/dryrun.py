@@ -28,6 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from viasd.dimr.calibration import resolve_runs
 from viasd.dimr.memory import cell_peak
 from viasd.errors import ConfigError
 from viasd.models.gguf_index import converted_dir, index_model
@@ -247,6 +248,12 @@ def _calibration(cfg: DictConfig) -> list[str]:
     from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
 
     sources, n = list(cfg.search.calibration), int(cfg.search.n_calibration)
+    runs = list(cfg.search.get("calibration_runs") or [])
+    if runs:  # in-domain: the stored runs' prompts + generated tokens (viasd.dimr.calibration)
+        found = resolve_runs(runs, str(cfg.pair.name), str(cfg.tracking.store_dir))
+        where = f"in-domain from {len(found)}/{len(runs)} stored runs ({', '.join(d.name for d in found)})" if found else \
+            f"no stored run of {runs} in {cfg.tracking.store_dir}: falls back to the built-in prompts"
+        return [f"calibration {n} windows x {cfg.search.seq_len} tokens, held out {cfg.search.get('held_out', 0)}: {where}"]
     per = -(-n // max(1, len(sources)))
     total, parts = 0, []
     for src in sources:
@@ -296,7 +303,7 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     if entry != "run":  # DIMR search / KL geometry: the streamed calibration's peak, as the code allocates it
         peak = cell_peak(cfg, pair, int(weights * GIB), entry)
         plan.need_gib = peak["total"] / GIB
-        plan.memory_basis = "weights {:.2f} + hidden states {:.2f} + memo {:.2f} + batch/chunk {:.2f} GiB".format(
+        plan.memory_basis = "weights {:.2f} + stored states {:.2f} + memo {:.2f} + batch/chunk {:.2f} GiB".format(
             *(peak[k] / GIB for k in ("weights", "persistent", "memo", "transient")))
     store = RunStore(cfg.tracking.store_dir)
     as_run = cfg.copy()

@@ -330,12 +330,13 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     art = search_mask(pair, scfg, on_trial=wb.trial_logger(),  # trials reach W&B as they run
                       store_dir=cfg.tracking.store_dir)
     rnd = art["baselines"]["random"]
-    print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
-          f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")
-    print(f"  searched     {art['layers']}  KL(q||q')={art['kl_q_slim']:.4f}  top1={art['top1_agreement']:.3f}")
-    for name in ("first_k", "every_other"):
-        b = art["baselines"][name]
-        print(f"  {name:<12} {b['layers']}  KL(q||q')={b['kl_q_slim']:.4f}  top1={b['top1_agreement']:.3f}")
+    print(f"\nDIMR {art['pair']}: keep {art['keep_ratio']} = {art['budget']}/{art['n_layers']} layers' parameters "
+          f"({art['space']}, {art['objective']}), {art['n_trials']} trials in {art['search_seconds']:.0f}s")
+    rows = [("searched", art), *((name, art["baselines"][name]) for name in ("first_k", "every_other"))]
+    rows += [(f"held-out {name}", h) for name, h in (art.get("held_out") or {}).items() if isinstance(h, dict)]
+    for name, b in rows:
+        print(f"  {name:<21} {b['layers']}  KL(q||q')={b['kl_q_slim']:.4f}  top1={b['top1_agreement']:.3f}  "
+              f"conf.top1={b['confident_top1']:.3f} (share {b['confident_share']:.2f})  params {b['param_fraction']:.3f}")
     if rnd:
         kls = sorted(r["kl_q_slim"] for r in rnd)
         print(f"  random x{len(rnd)}   KL(q||q') min={kls[0]:.4f} median={kls[len(kls) // 2]:.4f}")

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from tests.conftest import PROMPTS
 from viasd.dimr.calibration import calibration_split, kl, tv
@@ -15,9 +16,12 @@ from viasd.dimr.masks import every_other_mask, first_k_mask, mask_path, random_m
 from viasd.dimr.search import SearchConfig, kl_geometry, search_mask
 from viasd.engine.routing import RoutingPlan
 from viasd.errors import ConfigError
+from viasd.harness.runner import identity
 from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
 from viasd.models.tiny import build_tiny_pair
+from viasd.paths import PROJECT_ROOT
+from viasd.tracking.store import run_id_for
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +162,21 @@ def test_keep_first_bounds_where_an_escalation_resumes(deep_pair, tmp_path, monk
                 assert plan.first_skipped(8) >= 6 and {0, 1, 2, 7} <= set(plan.layers), (space, t["layers"])
     with pytest.raises(ConfigError, match="lower search.keep_first"):
         search_mask(deep_pair, SearchConfig(keep_ratio=0.25, keep_first=3, calibration=["builtin"]), progress=False)
+
+
+def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
+    run = _fake_run(tmp_path / "runs", "tiny-llama__ar__prompts__0000000000", "tiny-llama", PROMPTS[:3])
+
+    def search_id(*overrides):
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["pair=tiny-llama", f"tracking.store_dir={tmp_path / 'runs'}",
+                                                           *overrides])
+        return identity(cfg, "search"), run_id_for(identity(cfg, "search"))
+
+    plain, plain_id = search_id()
+    assert "inputs" not in plain  # searches without stored runs keep their ids
+    resolved, first = search_id("search.calibration_runs=[ar:prompts]")
+    assert list(resolved["inputs"]["search.calibration_runs"]) == [run.name]
+    with (run / "examples.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "9", "prompt": "more", "token_ids": [5, 6]}) + "\n")
+    assert search_id("search.calibration_runs=[ar:prompts]")[1] not in (first, plain_id)

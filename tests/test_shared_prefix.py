@@ -33,14 +33,13 @@ def _via(pair, prompt, mask, share, **knobs):
 def test_shared_prefix_emits_the_same_tokens_on_every_family(family):
     pair = family_pair(family)
     saved = []
-    for mask in MASKS:
-        for prompt, knobs in ((LONG, {}), (PROMPTS[1], {"max_unverified": 3})):
-            on, off = _via(pair, prompt, mask, True, **knobs), _via(pair, prompt, mask, False, **knobs)
-            assert on.tokens == off.tokens, (family, mask, knobs)
-            s_on, s_off = on.summary(), off.summary()
-            assert s_on["slim_layer_tokens"] > 0 and s_on["target_layer_tokens"] > 0
-            assert s_on["target_layer_tokens"] <= s_off["target_layer_tokens"], (family, mask)
-            saved.append(s_off["target_layer_tokens"] - s_on["target_layer_tokens"])
+    for mask, (prompt, knobs) in zip(MASKS, ((LONG, {}), (PROMPTS[1], {"max_unverified": 3}))):
+        on, off = _via(pair, prompt, mask, True, **knobs), _via(pair, prompt, mask, False, **knobs)
+        assert on.tokens == off.tokens, (family, mask, knobs)
+        s_on, s_off = on.summary(), off.summary()
+        assert s_on["slim_layer_tokens"] > 0 and s_on["target_layer_tokens"] > 0
+        assert s_on["target_layer_tokens"] <= s_off["target_layer_tokens"], (family, mask)
+        saved.append(s_off["target_layer_tokens"] - s_on["target_layer_tokens"])
     assert max(saved) > 0  # escalations after a slim pass resume the full model at the boundary
 
 

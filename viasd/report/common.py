@@ -168,6 +168,7 @@ def save_figure(fig, out: Path, name: str, runs: list[dict], missing: list[str],
 
 
 def _label(r: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k.split('.')[-1]}={OmegaConf.select(r['config'], k)}" for k in keys)
+    values = ((k.split(".")[-1], OmegaConf.select(r["config"], k)) for k in keys)
+    return ", ".join(f"{k}={v}" for k, v in values if v is not None)  # keys older runs lack are left out
 
 

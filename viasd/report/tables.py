@@ -58,7 +58,8 @@ def table3(runs, missing, out, store, scale):
 
 @REPORTS.register("table4")
 def table4(runs, missing, out, store, scale):
-    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale, ["method.slim.mask"])
+    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale,
+                         ["method.slim.mask", "method.slim.space"])
 
 
 @REPORTS.register("table5")

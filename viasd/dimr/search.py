@@ -17,7 +17,8 @@ middle layers, kept by score while they fit the parameter budget of the same kee
 model at the first skipped sub-layer, so this bounds what an escalating round costs.
 
 Search, in evaluations of the objective: (1) screening — drop each middle layer (sub-layer)
-alone and seed the optimizer with the resulting ranking (1 evaluation); these are reported
+alone and seed the optimizer with the resulting ranking (sub-layers: harm per parameter read;
+1 evaluation); these are reported
 apart from the budget; (2) the budget: ``n_random`` uniformly random trials, then Bayesian
 optimization (optuna's Gaussian-process sampler by default, ``sampler: tpe`` for TPE) up to
 ``n_trials`` budget trials, with no early stop unless ``patience`` is set. The result is compared
@@ -135,6 +136,17 @@ class Space:
             return RoutingPlan.of_layers({*range(self.first), self.n - 1, *top} if self.k < self.n else range(self.n))
         return self.b.fill([self.free[j] for j in order])
 
+    def seed_scores(self, importance: list[float]) -> list[float]:
+        """Scores in [0, 1] from the screening objectives: the harm of dropping each candidate alone,
+        per parameter for sub-layers (an attention block reads ~⅛ of an MLP's weights, so the budget
+        is best spent on what hurts most per weight read)."""
+        lo, hi = min(importance), max(importance)
+        if self.cfg.space == "layers":
+            return [(v - lo) / ((hi - lo) or 1.0) for v in importance]
+        density = [(v - lo) / self.b.costs[u] for v, u in zip(importance, self.free)]
+        top = max(density) or 1.0
+        return [d / top for d in density]
+
     def drop(self, j: int) -> RoutingPlan:
         """The full model without candidate ``j`` (not of the budget: never the result)."""
         x = self.free[j]
@@ -201,8 +213,7 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
         m = len(space.free)
         for j in tqdm(range(m), desc="DIMR screening", disable=not progress):
             importance.append(record(space.drop(j), j - m - 1, "screen")["objective"])
-        lo, hi = min(importance), max(importance)
-        seed_scores = [(v - lo) / ((hi - lo) or 1.0) for v in importance]
+        seed_scores = space.seed_scores(importance)
         record(space.from_scores(seed_scores), -1, "seed")  # keep the candidates whose removal hurts most
     n_screen = len(trials)
 

@@ -11,6 +11,9 @@ It also measures the pair's *cost model* once per machine, pair and runtime (``c
 ``t(n, context)`` per model on a grid, routed passes fitted per layer, the cost of an extra
 logits row) into ``<curve.store>/_cost/``, which every replayed policy and ``experiments.compare``
 price forward calls with (``viasd.analysis.cost``); ``curve.cost.remeasure=true`` measures again.
+With ``curve.tier_paths`` (default) it then prints the per-round cost of each VIA-SD tier path
+(tier-1-only, tier-2, escalating with separate caches and with the shared prefix) in target-forward
+units for the slim verifier ``curve.slim`` at ``curve.keep_ratio`` (JSON: ``curve.tier_out``).
 """
 
 from __future__ import annotations
@@ -115,6 +118,30 @@ def run_cost_curve(cfg: DictConfig) -> None:
                              "read_bandwidth_Bps": bandwidth,
                              "dtype": pair.extras["runtime"]["dtype"]})
     print(f"wrote {c.out}")
+    if c.get("tier_paths"):
+        run_tier_paths(cfg, pair, backends[0] if c.interleave else backends[-1])
+
+
+def run_tier_paths(cfg: DictConfig, pair, backend: str) -> None:
+    """The ``--cost-curve`` rows of VIA-SD's tier paths (:mod:`viasd.harness.tier_cost`): per-round
+    cost of each path in target-forward units, JSON to ``curve.tier_out``."""
+    import torch
+
+    from viasd.config import to_dataclass
+    from viasd.harness.bench import format_table, write_json
+    from viasd.harness.tier_cost import TIER_COLUMNS, tier_path_costs
+    from viasd.methods.via_sd import SlimConfig
+
+    c = cfg.curve
+    slim = to_dataclass(SlimConfig, {"keep_ratio": float(c.keep_ratio), **OmegaConf.to_container(c.slim, resolve=True)})
+    rows = tier_path_costs(pair, slim, int(cfg.gamma), int(c.context), int(c.reps), str(c.clock))
+    print(f"\nVIA-SD tier paths: pair={pair.name} backend={backend} gamma={cfg.gamma} slim={slim.mask}@{slim.keep_ratio} "
+          f"({slim.space}) context={c.context} reps={c.reps} clock={c.clock} threads={torch.get_num_threads()}")
+    print(format_table(rows, TIER_COLUMNS))
+    write_json(c.tier_out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "backend": backend,
+                                  "gamma": cfg.gamma, "slim": OmegaConf.to_container(c.slim, resolve=True),
+                                  "keep_ratio": c.keep_ratio, "context": c.context, "reps": c.reps, "clock": c.clock})
+    print(f"wrote {c.tier_out}")
 
 
 def store_cost_model(cfg: DictConfig, pair, backend: str) -> None:

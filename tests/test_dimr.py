@@ -1,17 +1,27 @@
-"""DIMR search: artifact, pick-up by slim.mask=auto/path, baselines, KL geometry."""
+"""DIMR search: artifact, pick-up by slim.mask=auto/path, baselines, sub-layer space, in-domain calibration,
+held-out split, objectives, KL geometry (never NaN on widened heads)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
 
 from tests.conftest import PROMPTS
+from viasd.dimr.calibration import calibration_split, kl, tv
 from viasd.dimr.masks import every_other_mask, first_k_mask, mask_path, random_mask
 from viasd.dimr.search import SearchConfig, kl_geometry, search_mask
+from viasd.engine.routing import RoutingPlan
 from viasd.errors import ConfigError
+from viasd.harness.runner import identity
 from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
+from viasd.models.tiny import build_tiny_pair
+from viasd.paths import PROJECT_ROOT
+from viasd.tracking.store import run_id_for
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +83,101 @@ def test_kl_geometry_terms(deep_pair):
     full = kl_geometry(deep_pair, None, PROMPTS[:6], seq_len=16)
     assert full["kl_q_slim"] == pytest.approx(0.0, abs=1e-6) and full["kl_p_slim"] == pytest.approx(full["kl_p_q"])
     assert 0 <= out["tv_p_q"] <= 1
+
+
+def test_sublayer_search_reads_the_parameter_budget_and_auto_picks_it_up(deep_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
+    cfg = SearchConfig(keep_ratio=0.5, n_random=3, n_trials=5, n_calibration=8, seq_len=16, objective="kl",
+                       calibration=["builtin"], space="sublayers", held_out=0.25, n_baseline_random=3)
+    art = search_mask(deep_pair, cfg, progress=False)
+    assert art["space"] == "sublayers" and RoutingPlan.build(art["layers"], 8).attn[0] == 0
+    assert any(isinstance(t["layers"], dict) for t in art["trials"])  # candidates keep attention and MLPs apart
+    assert sum(t["phase"] == "screen" for t in art["trials"]) == 2 * 6  # every middle attention and MLP alone
+    assert all(t["param_fraction"] <= 0.5 + 1e-9 for t in art["trials"] if t["phase"] != "screen")
+    for t in art["trials"]:  # every objective is reported for every mask (the pair has a draft: Pythagorean too)
+        assert {"kl_q_slim", "top1_agreement", "confident_top1", "confident_share", "pythagorean"} <= set(t)
+    held = art["held_out"]
+    assert set(held) >= {"searched", "first_k", "every_other", "random_best"} and held["tokens"] > 0
+    assert held["searched"]["layers"] == art["layers"]
+    assert mask_path("tiny-llama-8", 0.5, "kl", "sublayers").is_file()
+    gen = {"max_new_tokens": 10, "ignore_eos": True}
+    auto = decode(deep_pair, PROMPTS[2], "viasd", {"slim": {"mask": "auto", "keep_ratio": 0.5, "space": "sublayers"}},
+                  gen)
+    assert auto.tokens == decode(deep_pair, PROMPTS[2], "viasd", {"slim": {"mask": art["layers"]}}, gen).tokens
+
+
+def _fake_run(store, name, pair, prompts):
+    run = store / name
+    run.mkdir(parents=True)
+    lines = [json.dumps({"id": str(i), "prompt": p, "token_ids": list(range(40, 72))}) for i, p in enumerate(prompts)]
+    (run / "examples.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "config.yaml").write_text("{}\n")
+    (run / "summary.json").write_text(json.dumps({"pair": pair, "method": "ar", "task": "prompts",
+                                                  "n_examples": len(prompts)}))
+    return run
+
+
+def test_in_domain_calibration_reads_stored_runs_and_holds_some_out(deep_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
+    store = tmp_path / "runs"
+    _fake_run(store, "tiny-llama-8__ar__prompts__0000000000", "tiny-llama-8", PROMPTS[:8])
+    cfg = SearchConfig(keep_ratio=0.5, n_random=2, n_trials=3, n_calibration=8, seq_len=24, objective="confident_top1",
+                       calibration_runs=["ar:prompts"], held_out=0.25, n_baseline_random=2, screen=False)
+    search, held, info = calibration_split(deep_pair, cfg, store)
+    assert info["kind"] == "runs" and info["examples"] == 8 and info["held_out_examples"] == 2
+    assert len(search) == 6 and len(held) == 2 and all(len(c) == 24 for c in search + held)
+    assert search[0][-1] == 71  # windows start from the end: the generated tokens come first
+    art = search_mask(deep_pair, cfg, progress=False, store_dir=store)
+    assert art["calibration"]["kind"] == "runs" and art["objective"] == "confident_top1"
+    assert art["value"] == pytest.approx(1 - art["confident_top1"])
+    with pytest.warns(UserWarning, match="calibrating on the built-in prompts"):
+        _, _, info = calibration_split(deep_pair, SearchConfig(calibration_runs=["sd:xsum"], seq_len=16), store)
+    assert info == {"kind": "texts", "sources": ["builtin"]}
+
+
+def test_kl_and_tv_never_nan_on_widened_heads(tmp_path):
+    """Like Qwen2.5 0.5B → 7B: one tokenizer, a draft head narrower than the target's (widened with −∞)."""
+    draft, target, tok = build_tiny_pair("qwen2")
+    target.resize_token_embeddings(len(tok) + 12)
+    for name, model in (("t", target), ("d", draft)):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    pair = load_pair({"name": "hf", "loader": "hf", "target": {"id": str(tmp_path / "t")},
+                      "draft": {"id": str(tmp_path / "d")}})
+    out = kl_geometry(pair, [0, 1, 3], PROMPTS[:6], seq_len=16)
+    assert all(math.isfinite(v) for v in out.values()), out
+    a = torch.log_softmax(torch.tensor([[1.0, 2.0, float("-inf")]]), -1)
+    b = torch.log_softmax(torch.tensor([[0.5, 1.0, 3.0]]), -1)
+    assert math.isfinite(float(kl(a, b))) and math.isfinite(float(tv(a, b))) and float(kl(a, a)) == 0.0
+
+
+def test_keep_first_bounds_where_an_escalation_resumes(deep_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
+    for space in ("layers", "sublayers"):
+        cfg = SearchConfig(keep_ratio=0.6, n_random=3, n_trials=4, n_calibration=4, seq_len=16, calibration=["builtin"],
+                           space=space, keep_first=3, n_baseline_random=1)
+        art = search_mask(deep_pair, cfg, progress=False)
+        for t in art["trials"]:
+            if t["phase"] != "screen":
+                plan = RoutingPlan.build(t["layers"], 8)
+                assert plan.first_skipped(8) >= 6 and {0, 1, 2, 7} <= set(plan.layers), (space, t["layers"])
+    with pytest.raises(ConfigError, match="lower search.keep_first"):
+        search_mask(deep_pair, SearchConfig(keep_ratio=0.25, keep_first=3, calibration=["builtin"]), progress=False)
+
+
+def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
+    run = _fake_run(tmp_path / "runs", "tiny-llama__ar__prompts__0000000000", "tiny-llama", PROMPTS[:3])
+
+    def search_id(*overrides):
+        with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["pair=tiny-llama", f"tracking.store_dir={tmp_path / 'runs'}",
+                                                           *overrides])
+        return identity(cfg, "search"), run_id_for(identity(cfg, "search"))
+
+    plain, plain_id = search_id()
+    assert "inputs" not in plain  # searches without stored runs keep their ids
+    resolved, first = search_id("search.calibration_runs=[ar:prompts]")
+    assert list(resolved["inputs"]["search.calibration_runs"]) == [run.name]
+    with (run / "examples.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "9", "prompt": "more", "token_ids": [5, 6]}) + "\n")
+    assert search_id("search.calibration_runs=[ar:prompts]")[1] not in (first, plain_id)

@@ -241,6 +241,11 @@ def route_positions(
 def draft_conf_ok(draft_conf: list[float] | None, i: int, minimum: float) -> bool:
     """Whether position ``i`` passes the drafter-confidence gate variant (always, when it is off)."""
     return not minimum or draft_conf is None or draft_conf[i] >= minimum
+def escalates_at_start(k: int, unverified: int, max_unverified: int | None) -> bool:
+    """Whether :func:`route_round` escalates at position 0 whatever the distributions say: an
+    empty block (``k = 0``), or ``unverified`` already at ``max_unverified``. Its route is then
+    :func:`escalate_at_once`'s, and no slim pass is needed to find it."""
+    return k == 0 or (max_unverified is not None and unverified >= int(max_unverified))
 
 
 def escalate_at_once() -> Route:

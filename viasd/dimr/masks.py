@@ -1,38 +1,50 @@
-"""Slim-verifier masks: resolve ``slim.mask`` to a routed stream, and store mask artifacts.
+"""Slim-verifier masks: resolve ``slim.mask`` to routed streams, budgets, ablations, mask artifacts.
 
-A mask artifact is a JSON file (pair, model revisions, number of layers, kept layers,
+A mask is a list of kept layers or ``{attn: [...], mlp: [...]}`` (kept sub-layers). A mask
+artifact is a JSON file (pair, model revisions, number of layers, the mask under ``layers``,
 objective and its value, every trial, search seconds) written by the DIMR search under
-``<cache>/masks/<pair>/keep<ratio>-<objective>.json``. ``slim.mask`` accepts ``auto`` (that
-file), a path, an explicit list of layers, or an ablation name (``random``, ``first_k``,
-``every_other``, ``independent``, ``full``).
+``<cache>/masks/<pair>/keep<ratio>-<objective>[-sublayers].json``. ``slim.mask`` accepts
+``auto`` (that file), a path, an explicit mask, or an ablation name (``random``, ``first_k``,
+``every_other``, ``independent``, ``full``) in the search space ``slim.space`` (``layers`` or
+``sublayers``).
 
 ``auto`` never falls back silently: it reads the searched artifact, else the pair's shipped
-layer list (``pair.options.slim_layers``), else the ablation the pair config names as its
-fallback (``pair.options.slim_fallback``; the tiny random pairs name ``every_other``, since a
-search over random weights means nothing), else it stops with one line naming the search
-command. :func:`mask_source` makes that decision from the configs alone (dry runs and the
-grid's prerequisite check use it before anything is loaded).
+layer list (``pair.options.slim_layers``; whole layers only), else the ablation the pair config
+names as its fallback (``pair.options.slim_fallback``; the tiny random pairs name
+``every_other``, since a search over random weights means nothing), else it stops with one line
+naming the search command. :func:`mask_source` makes that decision from the configs alone (dry
+runs and the grid's prerequisite check use it before anything is loaded).
+
+**Budgets count parameters read per token.** A keep ratio ``r`` allows the parameters of
+``budget(n, r)`` whole decoder layers, the first and last among them (the embedding and LM head,
+read by every pass, are left out), so a whole-layer and a sub-layer mask of the same ratio read the same number of
+weights (a whole-layer mask of ``k`` equal layers hits it exactly). Every candidate keeps
+the first and the last layer whole; sub-layer masks fill the rest of the budget greedily in
+their own order (score, random permutation, or execution order for ``first_k``). The
+sub-layer ``every_other`` keeps every attention sub-layer and evenly spaced MLPs.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from viasd.engine.routing import RoutingPlan, num_layers
-from viasd.engine.stream import Stream
+from viasd.engine.paths import unit_params
+from viasd.engine.routing import ATTN, MLP, RoutingPlan, Unit, all_units, num_layers
+from viasd.engine.stream import SharedPrefix, Stream
 from viasd.errors import ConfigError
 from viasd.paths import cache_dir
 
 ABLATIONS = ("random", "first_k", "every_other", "independent", "full")
 #: Ablations a pair config may name as what ``auto`` uses when no mask was searched or shipped.
 FALLBACKS = ("every_other", "first_k", "random")
+SPACES = ("layers", "sublayers")
 
 
 def budget(n_layers: int, keep_ratio: float) -> int:
@@ -58,16 +70,93 @@ def every_other_mask(n_layers: int, keep_ratio: float = 0.5) -> list[int]:
     return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
 
 
-def ablation_layers(name: str, n_layers: int, keep_ratio: float, seed: int = 0) -> list[int]:
-    """Kept layers of the ablation ``name`` (one of :data:`FALLBACKS`) at a budget."""
-    if name == "random":
-        return random_mask(n_layers, keep_ratio, seed)
-    return first_k_mask(n_layers, keep_ratio) if name == "first_k" else every_other_mask(n_layers, keep_ratio)
+class Budget:
+    """Parameters read per token by each sub-layer of a model, and the limit of a keep ratio.
+
+    ``costs``: ``{(layer, kind): parameters}``; ``limit``: parameters of ``budget(n, r)`` layers —
+    the first and the last, and ``budget − 2`` middle layers of the mean middle layer's size (T5's
+    block 0 also holds the position bias); ``fixed``: units every candidate keeps (first and last
+    layer — the first ``keep_first`` layers with ``keep_first > 1``); ``free``: the others, in execution order.
+    """
+
+    def __init__(self, costs: Mapping[Unit, int], n_layers: int, keep_ratio: float, keep_first: int = 1):
+        self.costs, self.n = dict(costs), n_layers
+        self.total = sum(self.costs.values())
+        ends = {0, n_layers - 1}
+        middle = [u for u in all_units(n_layers) if u[0] not in ends]
+        mean = sum(self.costs[u] for u in middle) / max(1, n_layers - 2)
+        self.limit = sum(self.costs[u] for u in all_units(n_layers) if u[0] in ends) + \
+            (budget(n_layers, keep_ratio) - 2) * mean if n_layers > 2 else self.total
+        fixed = set(range(max(1, keep_first))) | {n_layers - 1}
+        self.fixed = [u for u in all_units(n_layers) if u[0] in fixed]
+        self.free = [u for u in all_units(n_layers) if u[0] not in fixed]
+
+    @classmethod
+    def of(cls, model, keep_ratio: float, keep_first: int = 1) -> Budget:
+        return cls(unit_params(model), num_layers(model), keep_ratio, keep_first)
+
+    def cost(self, plan: RoutingPlan) -> int:
+        """Parameters a pass of ``plan`` reads per token (its decoder sub-layers)."""
+        return sum(self.costs[u] for u in plan.units())
+
+    def fraction(self, plan: RoutingPlan) -> float:
+        """``cost(plan)`` over the parameters of every decoder sub-layer."""
+        return self.cost(plan) / self.total
+
+    def fill(self, order: Sequence[Unit], contiguous: bool = False) -> RoutingPlan:
+        """The fixed units plus units of ``order`` taken while they fit the limit (``contiguous``:
+        stop at the first that does not fit, an early exit)."""
+        kept, used = list(self.fixed), sum(self.costs[u] for u in self.fixed)
+        for u in order:
+            if u in kept:
+                continue
+            if used + self.costs[u] <= self.limit * (1 + 1e-9):
+                kept.append(u)
+                used += self.costs[u]
+            elif contiguous:
+                break
+        return plan_of_units(kept)
 
 
-def mask_path(pair_name: str, keep_ratio: float, objective: str = "kl") -> Path:
-    """Where the DIMR search stores the mask for a pair / budget / objective."""
-    return cache_dir() / "masks" / pair_name / f"keep{keep_ratio:.2f}-{objective}.json"
+def plan_of_units(units) -> RoutingPlan:
+    """The plan keeping exactly ``units`` (unchecked)."""
+    return RoutingPlan(tuple(sorted(i for i, k in units if k == ATTN)), tuple(sorted(i for i, k in units if k == MLP)))
+
+
+def sublayer_random(b: Budget, seed: int) -> RoutingPlan:
+    """Seeded random sub-layer mask: a random order of the free sub-layers, filled to the budget."""
+    order = list(b.free)
+    random.Random(seed).shuffle(order)
+    return b.fill(order)
+
+
+def sublayer_first_k(b: Budget) -> RoutingPlan:
+    """Early exit at a sub-layer: the longest prefix of the execution order within the budget
+    (the last layer is not kept, as in the whole-layer ``first_k``)."""
+    kept, used = [], 0
+    for u in all_units(b.n):
+        if used + b.costs[u] > b.limit * (1 + 1e-9):
+            break
+        kept.append(u)
+        used += b.costs[u]
+    return plan_of_units(kept)
+
+
+def sublayer_every_other(b: Budget) -> RoutingPlan:
+    """Every attention sub-layer, then evenly spaced MLPs (first and last) while they fit."""
+    attn = [u for u in b.free if u[1] == ATTN]
+    mlps = [u for u in b.free if u[1] == MLP]
+    fit = b.fill(attn)
+    room = int((b.limit - b.cost(fit)) // max(1, min(b.costs[u] for u in mlps))) if mlps else 0
+    k = min(len(mlps), room)
+    picked = [mlps[round(j * (len(mlps) - 1) / (k - 1))] if k > 1 else mlps[len(mlps) // 2] for j in range(k)]
+    return b.fill(attn + picked)
+
+
+def mask_path(pair_name: str, keep_ratio: float, objective: str = "kl", space: str = "layers") -> Path:
+    """Where the DIMR search stores the mask for a pair / budget / objective / search space."""
+    suffix = "" if space == "layers" else f"-{space}"
+    return cache_dir() / "masks" / pair_name / f"keep{keep_ratio:.2f}-{objective}{suffix}.json"
 
 
 def load_mask_artifact(path: str | Path, n_layers: int | None = None) -> dict[str, Any]:
@@ -84,6 +173,26 @@ def load_mask_artifact(path: str | Path, n_layers: int | None = None) -> dict[st
         raise ConfigError(f"mask {path} was searched for a model with {art.get('n_layers')} layers, "
                           f"but this model has {n_layers}; re-run experiments.search for this pair")
     return {**art, "layers": layers}
+
+
+def _space(slim_cfg) -> str:
+    space = str(getattr(slim_cfg, "space", "layers"))
+    if space not in SPACES:
+        raise ConfigError(f"slim.space must be one of {SPACES} (got {space!r})")
+    return space
+
+
+def ablation_plan(target, name: str, keep_ratio: float, seed: int = 0, space: str = "layers") -> RoutingPlan:
+    """The ``random`` / ``first_k`` / ``every_other`` mask of ``target`` at ``keep_ratio`` in ``space``."""
+    n = num_layers(target)
+    if space == "sublayers":
+        b = Budget.of(target, keep_ratio)
+        plan = {"random": lambda: sublayer_random(b, seed), "first_k": lambda: sublayer_first_k(b),
+                "every_other": lambda: sublayer_every_other(b)}[name]()
+        return RoutingPlan.build(plan, n, f"sub-layer {name} mask")
+    layers = {"random": lambda: random_mask(n, keep_ratio, seed), "first_k": lambda: first_k_mask(n, keep_ratio),
+              "every_other": lambda: every_other_mask(n, keep_ratio)}[name]()
+    return RoutingPlan.build(layers, n)
 
 
 @dataclass(frozen=True)
@@ -106,13 +215,15 @@ class MaskSource:
         return f"{labels[self.kind]}: {self.detail}"
 
 
-def search_command(pair_name: str, keep_ratio: float, objective: str = "kl", scale: str | None = None) -> str:
+def search_command(pair_name: str, keep_ratio: float, objective: str = "kl", scale: str | None = None,
+                   space: str = "layers") -> str:
     """The command that searches (and caches) the DIMR mask ``mask: auto`` looks for.
 
     At ``scale=paper`` it is that pair's ``table1`` cell (paper calibration sizes), else
     ``experiments.search`` at the search defaults.
     """
-    obj = "" if objective == "kl" else f" search.objective={objective}"
+    obj = ("" if objective == "kl" else f" search.objective={objective}") + \
+        ("" if space == "layers" else f" search.space={space}")
     if scale == "paper":
         return f"python -m experiments.run +exp=table1 scale=paper pair={pair_name} search.keep_ratio={keep_ratio:g}{obj}"
     return f"python -m experiments.search pair={pair_name} search.keep_ratio={keep_ratio:g}{obj}"
@@ -126,35 +237,39 @@ def mask_source(pair_name: str, options: Mapping[str, Any] | None, slim_cfg, sca
     ``hf pair.target.id=…`` for a ``pair=hf`` checkpoint).
     """
     mask, ratio, options = slim_cfg.mask, float(slim_cfg.keep_ratio), options or {}
+    space = _space(slim_cfg)
     if isinstance(mask, (list, tuple)):
         return MaskSource("explicit", str(list(mask)))
+    if isinstance(mask, Mapping):
+        return MaskSource("explicit", json.dumps({k: list(v) for k, v in mask.items()}, sort_keys=True))
     mask = str(mask)
     if mask in ABLATIONS:
-        return MaskSource("ablation", mask + (f" (seed {slim_cfg.seed})" if mask == "random" else ""))
+        where = " (sub-layers)" if space == "sublayers" and mask in FALLBACKS else ""
+        return MaskSource("ablation", mask + (f" (seed {slim_cfg.seed})" if mask == "random" else "") + where)
     if mask != "auto":
         if not (mask.endswith(".json") or Path(mask).is_file()):
             raise unknown_mask_error(mask)
         if not Path(mask).expanduser().is_file():
             raise ConfigError(f"mask file not found: {mask}")
         return MaskSource("file", mask)
-    path = mask_path(pair_name, ratio, slim_cfg.objective)
+    path = mask_path(pair_name, ratio, slim_cfg.objective, space)
     if path.is_file():
         return MaskSource("artifact", str(path))
-    if (options.get("slim_layers") or {}).get(f"{ratio:.2f}") is not None:
+    if space == "layers" and (options.get("slim_layers") or {}).get(f"{ratio:.2f}") is not None:
         return MaskSource("shipped", f"pair.options.slim_layers['{ratio:.2f}']")
     fallback = options.get("slim_fallback")
     if fallback is not None:
         if fallback not in FALLBACKS:
             raise ConfigError(f"pair.options.slim_fallback must be one of {', '.join(FALLBACKS)} (got {fallback!r})")
         return MaskSource("fallback", f"{fallback} (pair.options.slim_fallback)")
-    return MaskSource("search", search_command(search_pair or pair_name, ratio, slim_cfg.objective, scale))
+    return MaskSource("search", search_command(search_pair or pair_name, ratio, slim_cfg.objective, scale, space))
 
 
 def no_mask_error(pair_name: str, slim_cfg, source: MaskSource) -> ConfigError:
     """The one-line error of a ``mask: auto`` that has no mask to read (``source.kind == "search"``)."""
     return ConfigError(
         f"no DIMR mask for pair {pair_name!r} at keep_ratio={float(slim_cfg.keep_ratio):.2f} "
-        f"({mask_path(pair_name, float(slim_cfg.keep_ratio), slim_cfg.objective)} missing): search it first with "
+        f"({mask_path(pair_name, float(slim_cfg.keep_ratio), slim_cfg.objective, _space(slim_cfg))} missing): search it first with "
         f"`{source.detail}`, or ask for an ablation explicitly (method.slim.mask=every_other)"
     )
 
@@ -167,10 +282,11 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
     """
     target = pair.target
     n = num_layers(target)
-    mask = slim_cfg.mask
+    mask, space = slim_cfg.mask, _space(slim_cfg)
     ratio = float(slim_cfg.keep_ratio)
-    if isinstance(mask, (list, tuple)):
-        return target, RoutingPlan.build(mask, n, "slim.mask"), f"explicit {list(mask)}"
+    if isinstance(mask, (list, tuple, Mapping)):
+        plan = RoutingPlan.build(mask, n, "slim.mask")
+        return target, plan, f"explicit {plan.spec()}"
     mask = str(mask)
     if mask == "independent":
         if pair.intermediate is None:
@@ -178,10 +294,11 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
                               "(set pair.intermediate.id)")
         return pair.intermediate, None, "independent intermediate model"
     if mask == "full":
-        return target, RoutingPlan.build(range(n), n), "full"
+        return target, RoutingPlan.full(n), "full"
     if mask in FALLBACKS:
-        return target, RoutingPlan.build(ablation_layers(mask, n, ratio, int(slim_cfg.seed)), n), \
-            (f"random seed {slim_cfg.seed}" if mask == "random" else mask)
+        plan = ablation_plan(target, mask, ratio, int(slim_cfg.seed), space)
+        where = "" if space == "layers" else " (sub-layers)"
+        return target, plan, (f"random seed {slim_cfg.seed}" if mask == "random" else mask) + where
     if mask == "auto":
         source = mask_source(pair.name, pair.extras, slim_cfg)
         if source.kind == "artifact":
@@ -193,8 +310,9 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
             return target, RoutingPlan.build(pre, n, "pair default slim mask"), "pair default"
         if source.kind == "fallback":
             name = pair.extras["slim_fallback"]
-            layers = ablation_layers(name, n, ratio, int(slim_cfg.seed))
-            return target, RoutingPlan.build(layers, n), f"{name} (pair fallback)"
+            where = "" if space == "layers" else ", sub-layers"
+            return target, ablation_plan(target, name, ratio, int(slim_cfg.seed), space), \
+                f"{name} (pair fallback{where})"
         raise no_mask_error(pair.name, slim_cfg, source)
     if mask.endswith(".json") or Path(mask).is_file():
         art = load_mask_artifact(mask, n)
@@ -204,14 +322,34 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
 
 def unknown_mask_error(mask: str) -> ConfigError:
     return ConfigError(f"unknown slim.mask {mask!r}: use auto, a mask .json path, a list of layers, "
-                       f"or one of {', '.join(ABLATIONS)}")
+                       f"{{attn: [...], mlp: [...]}}, or one of {', '.join(ABLATIONS)}")
 
 
-def slim_stream(pair, prompt_ids: torch.Tensor, slim_cfg) -> Stream:
-    """A :class:`Stream` for the slim verifier of ``pair`` (routed target or independent model)."""
-    key = (pair.name, str(slim_cfg.mask), float(slim_cfg.keep_ratio), slim_cfg.objective)
+def _resolved(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
+    key = (pair.name, json.dumps(slim_cfg.mask, sort_keys=True, default=str), float(slim_cfg.keep_ratio),
+           slim_cfg.objective, _space(slim_cfg), int(slim_cfg.seed))
     cache = pair.extras.setdefault("_slim_plans", {})
     if key not in cache:
         cache[key] = resolve_plan(pair, slim_cfg)
-    model, plan, _ = cache[key]
+    return cache[key]
+
+
+def slim_stream(pair, prompt_ids: torch.Tensor, slim_cfg) -> Stream:
+    """A :class:`Stream` for the slim verifier of ``pair`` alone (routed target or independent model)."""
+    model, plan, _ = _resolved(pair, slim_cfg)
     return Stream(model, prompt_ids, "slim", plan)
+
+
+def verifier_streams(pair, prompt_ids: torch.Tensor, slim_cfg) -> tuple[Stream, Stream]:
+    """``(full, slim)`` streams of the target and its slim verifier for one prompt ``[1, P]``.
+
+    With ``slim_cfg.share_prefix`` (default) and a routed slim verifier, both streams share a
+    :class:`~viasd.engine.stream.SharedPrefix` of the sub-layers before the plan's first
+    skipped one; otherwise each keeps its own cache.
+    """
+    model, plan, _ = _resolved(pair, slim_cfg)
+    if plan is None or not getattr(slim_cfg, "share_prefix", True):
+        return Stream(pair.target, prompt_ids, "target"), Stream(model, prompt_ids, "slim", plan)
+    prefix = SharedPrefix(pair.target, prompt_ids, plan.first_skipped(num_layers(pair.target)))
+    return (Stream(pair.target, prompt_ids, "target", prefix=prefix),
+            Stream(pair.target, prompt_ids, "slim", plan, prefix=prefix))

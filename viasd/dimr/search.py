@@ -1,49 +1,55 @@
 """DIMR: offline search for the slim verifier's routing mask.
 
-Objective on teacher-forced calibration text (one forward per model per batch, target and
-draft log-probs computed once): ``kl`` = ``KL(q ‖ q'_z)`` or ``pythagorean`` =
-``KL(p ‖ q'_z) + KL(q'_z ‖ q)``, averaged over tokens. Calibration text is spread over the
-built-in prompts and every offline task present, cut into equal-length chunks. Candidates keep
-the first and last layer and ``budget(n, keep_ratio)`` layers in all; a mask is parametrized
-by one score per middle layer, the top-scoring layers are kept.
+Objective on teacher-forced calibration text (:mod:`viasd.dimr.calibration`; target and draft
+run once per batch, statistics streamed): ``kl`` = ``KL(q ‖ q'_z)``, ``pythagorean`` =
+``KL(p ‖ q'_z) + KL(q'_z ‖ q)``, or ``confident_top1`` = 1 − the share of positions where the
+slim verifier's argmax is the target's among those where its max probability is ≥ ``tau_slim``
+(what tier 2 relies on; a mask that is never confident scores 1), averaged over tokens. Every
+mask's record carries all of them (the Pythagorean terms when the draft is loaded), the top-1
+agreement, the confident share and the share of decoder parameters it reads.
 
-Search, in evaluations of the objective: (1) layer screening — drop each middle layer alone
-(``n − 2`` evaluations) and seed the optimizer with the resulting ranking (1 evaluation); these
-are reported apart from the budget; (2) the budget: ``n_random`` uniformly random trials, then
-Bayesian optimization (optuna's Gaussian-process sampler by default, ``sampler: tpe`` for TPE)
-up to ``n_trials`` budget trials, with no early stop unless ``patience`` is set. The result is
-compared with the best of as many random masks as the search evaluated in all.
+Search space (``space``): ``layers`` — a mask keeps the first (``keep_first``) and last layer and
+``budget(n, keep_ratio)`` layers in all, parametrized by one score per middle layer (the
+top-scoring layers are kept); ``sublayers`` — one score per attention and MLP sub-layer of the
+middle layers, kept by score while they fit the parameter budget of the same keep ratio
+(:class:`~viasd.dimr.masks.Budget`: whole-layer and sub-layer masks read equally many weights).
+``keep_first > 1`` keeps the first layers whole in every candidate: an escalation resumes the full
+model at the first skipped sub-layer, so this bounds what an escalating round costs.
+
+Search, in evaluations of the objective: (1) screening — drop each middle layer (sub-layer)
+alone and seed the optimizer with the resulting ranking (sub-layers: harm per parameter read;
+1 evaluation); these are reported
+apart from the budget; (2) the budget: ``n_random`` uniformly random trials, then Bayesian
+optimization (optuna's Gaussian-process sampler by default, ``sampler: tpe`` for TPE) up to
+``n_trials`` budget trials, with no early stop unless ``patience`` is set. The result is compared
+with the best of as many random masks as the search evaluated in all, ``first_k`` and
+``every_other``; with ``held_out > 0`` all of them are also measured on held-out calibration
+text (the numbers a table reports).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache, EncoderDecoderCache
 
-from viasd.dimr.masks import budget, every_other_mask, first_k_mask, mask_path, random_mask
-from viasd.engine.routing import CausalPath, RoutingPlan, num_layers, routed_forward
+from viasd.dimr.calibration import CALIBRATION_SOURCES, Calibration, calibration_split, text_chunks
+from viasd.dimr.masks import SPACES, Budget, ablation_plan, budget, mask_path
+from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.errors import ConfigError, no_draft_model
 from viasd.utils.fs import atomic_write_json
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("kl", "pythagorean")
+OBJECTIVES = ("kl", "pythagorean", "confident_top1")
 SAMPLERS = ("gp", "tpe", "random")
-# Calibration sources by default: the built-in prompts and the offline tasks (those present).
-CALIBRATION_SOURCES = ("builtin", "xsum", "cnndm", "wmt14_deen", "gsm8k", "squad", "nq_open", "humaneval", "mbpp")
-MEMO_ENTRIES = 256  # memoized (batch, layer prefix) hidden states
 
 
 @dataclass
@@ -59,13 +65,21 @@ class SearchConfig:
     time_budget_s: float = 1800.0
     seed: int = 0
     calibration: list[str] = field(default_factory=lambda: list(CALIBRATION_SOURCES))
-    n_calibration: int = 16  # calibration chunks (texts)
+    n_calibration: int = 16  # calibration chunks (texts), held-out ones included
     seq_len: int = 48
     batch_size: int = 8
     n_baseline_random: int | None = None  # None: as many random masks as the search evaluated
     out: str | None = None  # default: the mask cache path
     dtype: str = "float32"  # models run in this dtype during the search (bf16 GEMMs are slow on CPU)
     screen: bool = True  # score every single-layer drop first and seed the optimizer with the ranking
+    space: str = "layers"  # layers | sublayers (attention and MLP sub-layers apart, parameter budget)
+    calibration_runs: list[str] = field(default_factory=list)  # in-domain: run ids / folders / method:task
+    held_out: float = 0.0  # share of the calibration chunks kept apart for the reported numbers
+    tau_slim: float = 0.6  # confident_top1 counts positions where the slim verifier's max prob >= tau_slim
+    memo_mib: float = 1024.0  # bound of the memo of hidden states after layer prefixes
+    stat_mib: float = 64.0  # one [positions, vocab] float32 statistics tensor (the streamed chunk)
+    keep_first: int = 1  # candidates keep the first keep_first layers whole (where an escalation resumes)
+    cache_mib: float = 0.0  # keep the target's log-probs while they fit (0: rebuild per mask, the streamed default)
 
     def validate(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -74,132 +88,77 @@ class SearchConfig:
             raise ConfigError(f"search.keep_ratio must be in (0, 1] (got {self.keep_ratio})")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"search.sampler must be one of {SAMPLERS} (got {self.sampler!r})")
+        if self.space not in SPACES:
+            raise ConfigError(f"search.space must be one of {SPACES} (got {self.space!r})")
+        if not 0 <= self.held_out < 1:
+            raise ConfigError(f"search.held_out must be in [0, 1) (got {self.held_out})")
+        if int(self.keep_first) < 1:
+            raise ConfigError(f"search.keep_first must be >= 1 (got {self.keep_first}); 1 keeps layer 0 only")
 
 
-def _fresh_cache(model):
-    if getattr(model.config, "is_encoder_decoder", False):
-        return EncoderDecoderCache(DynamicCache(), DynamicCache())
-    return DynamicCache()
+def mask_record(calib: Calibration, plan: RoutingPlan, cfg: SearchConfig, b: Budget) -> dict[str, Any]:
+    """Every statistic of one mask and its ``objective`` value under ``cfg.objective``."""
+    s = calib.statistics(plan, cfg.tau_slim)
+    if "kl_p_slim" in s:
+        s["pythagorean"] = s["kl_p_slim"] + s["kl_slim_q"]
+    elif cfg.objective == "pythagorean":
+        raise no_draft_model("search.objective=pythagorean", calib.pair.name)
+    s["objective"] = {"kl": s["kl_q_slim"], "pythagorean": s.get("pythagorean"),
+                      "confident_top1": 1.0 - s["confident_top1"]}[cfg.objective]
+    return {**s, "param_fraction": b.fraction(plan)}
 
 
-@torch.inference_mode()
-def logprobs(model, batch: torch.Tensor, plan: RoutingPlan | None = None) -> torch.Tensor:
-    """Teacher-forced next-token log-probs ``[B, L, V]`` (float32) for token ids ``[B, L]``.
+class Space:
+    """The candidates of one search space: masks from scores, screening drops, baselines."""
 
-    With a plan, runs the routed model (the slim verifier). Encoder-decoder models encode
-    ``batch`` and teacher-force the decoder on ``[start] + batch[:, :-1]``.
-    """
-    if plan is None:
-        plan = RoutingPlan(tuple(range(num_layers(model))))
-    enc = None
-    if getattr(model.config, "is_encoder_decoder", False):
-        enc = model.get_encoder()(input_ids=batch)
-        start = torch.full_like(batch[:, :1], model.config.decoder_start_token_id)
-        batch = torch.cat([start, batch[:, :-1]], 1)
-    logits = routed_forward(model, batch, _fresh_cache(model), plan, last=batch.shape[1], encoder_outputs=enc)
-    return torch.log_softmax(logits.float(), -1)
+    def __init__(self, target, cfg: SearchConfig):
+        self.n, self.cfg = num_layers(target), cfg
+        self.first = min(max(1, int(cfg.keep_first)), self.n - 1)
+        self.b = Budget.of(target, cfg.keep_ratio, self.first)
+        self.k = budget(self.n, cfg.keep_ratio)
+        if cfg.space == "layers" and self.k < self.first + 1:
+            raise ConfigError(f"search.keep_first={cfg.keep_first} keeps more layers than keep_ratio={cfg.keep_ratio} "
+                              f"allows ({self.k} of {self.n}); lower search.keep_first")
+        self.target = target
+        self.free = list(range(self.first, self.n - 1)) if cfg.space == "layers" else list(self.b.free)
+        self.tight = self.k < self.n if cfg.space == "layers" else self.b.limit < self.b.total
 
+    def names(self) -> list[str]:
+        """Optuna parameter names, one score per candidate (``s3``; sub-layers ``s3a``, ``s3m``)."""
+        if self.cfg.space == "layers":
+            return [f"s{i}" for i in self.free]
+        return [f"s{i}{kind[0]}" for i, kind in self.free]
 
-def kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """Mean ``KL(a ‖ b)`` over all positions; inputs ``[..., V]`` log-probs → scalar."""
-    return (logp_a.exp() * (logp_a - logp_b)).sum(-1).mean()
+    def from_scores(self, scores: list[float]) -> RoutingPlan:
+        order = [u for _, u in sorted(zip(scores, range(len(self.free))), key=lambda t: -t[0])]
+        if self.cfg.space == "layers":
+            top = [self.free[j] for j in order[: self.k - self.first - 1]]
+            return RoutingPlan.of_layers({*range(self.first), self.n - 1, *top} if self.k < self.n else range(self.n))
+        return self.b.fill([self.free[j] for j in order])
 
+    def seed_scores(self, importance: list[float]) -> list[float]:
+        """Scores in [0, 1] from the screening objectives: the harm of dropping each candidate alone,
+        per parameter for sub-layers (an attention block reads ~⅛ of an MLP's weights, so the budget
+        is best spent on what hurts most per weight read)."""
+        lo, hi = min(importance), max(importance)
+        if self.cfg.space == "layers":
+            return [(v - lo) / ((hi - lo) or 1.0) for v in importance]
+        density = [(v - lo) / self.b.costs[u] for v, u in zip(importance, self.free)]
+        top = max(density) or 1.0
+        return [d / top for d in density]
 
-def tv(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """Mean total-variation distance over positions → scalar."""
-    return 0.5 * (logp_a.exp() - logp_b.exp()).abs().sum(-1).mean()
+    def drop(self, j: int) -> RoutingPlan:
+        """The full model without candidate ``j`` (not of the budget: never the result)."""
+        x = self.free[j]
+        full = RoutingPlan.full(self.n)
+        if self.cfg.space == "layers":
+            return RoutingPlan.of_layers(i for i in range(self.n) if i != x)
+        i, kind = x
+        return RoutingPlan(full.attn if kind == "mlp" else tuple(a for a in full.attn if a != i),
+                           full.mlp if kind == "attn" else tuple(m for m in full.mlp if m != i))
 
-
-class Calibration:
-    """Calibration batches with the target's (and draft's) log-probs computed once."""
-
-    def __init__(self, pair, texts: list[str], seq_len: int, batch_size: int, need_draft: bool):
-        tok = pair.tokenizer
-        ids, pool = [], []  # texts of seq_len tokens or more give one chunk; shorter ones are joined
-        for t in texts:
-            x = tok(t, add_special_tokens=True).input_ids
-            if len(x) >= seq_len:
-                ids.append(x[:seq_len])
-            else:
-                pool += x
-        ids += [pool[i:i + seq_len] for i in range(0, len(pool) - seq_len + 1, seq_len)]
-        ids = [x for x in ids if len(x) >= 8]
-        if not ids:
-            raise ConfigError("no calibration text of at least 8 tokens; set search.calibration")
-        L = min(seq_len, min(len(x) for x in ids))
-        self.batches = [torch.tensor([x[:L] for x in ids[i:i + batch_size]], device=pair.device)
-                        for i in range(0, len(ids), batch_size)]
-        self.n_tokens = sum(b.numel() for b in self.batches)
-        self.pair = pair
-        self.target = [logprobs(pair.target, b) for b in self.batches]
-        self.draft = [logprobs(pair.draft, b) for b in self.batches] if need_draft and pair.draft is not None else None
-        # Decoder-only models: hidden states after each evaluated layer prefix are memoized, so
-        # candidates sharing a prefix of kept layers (all share layer 0) skip that compute.
-        self.enc_dec = bool(getattr(pair.target.config, "is_encoder_decoder", False))
-        self.paths = None
-        self.memo: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-
-    @torch.inference_mode()
-    def slim_logprobs(self, i: int, plan: RoutingPlan) -> torch.Tensor:
-        """Log-probs ``[B, L, V]`` of the slim verifier ``plan`` on calibration batch ``i``."""
-        if self.enc_dec:
-            return logprobs(self.pair.target, self.batches[i], plan)
-        if self.paths is None:
-            self.paths = [CausalPath(self.pair.target, b) for b in self.batches]
-        path, layers = self.paths[i], plan.layers
-        hidden, start = path.embeds, 0
-        for j in range(len(layers), 0, -1):
-            if (i, layers[:j]) in self.memo:
-                hidden, start = self.memo[(i, layers[:j])], j
-                self.memo.move_to_end((i, layers[:j]))
-                break
-        for j in range(start, len(layers)):
-            hidden = path.layer(layers[j], hidden)
-            self.memo[(i, layers[: j + 1])] = hidden
-        while len(self.memo) > MEMO_ENTRIES:
-            self.memo.popitem(last=False)
-        return torch.log_softmax(path.head(hidden, hidden.shape[1]).float(), -1)
-
-    def evaluate(self, layers: list[int], objective: str = "kl") -> dict[str, float]:
-        """Objective, KL terms and top-1 agreement with the target for one mask."""
-        n = num_layers(self.pair.target)
-        plan = RoutingPlan.build(layers, n)
-        tot = {"kl_q_slim": 0.0, "top1_agreement": 0.0, "kl_p_slim": 0.0, "kl_slim_q": 0.0}
-        for i, b in enumerate(self.batches):
-            w = b.numel() / self.n_tokens
-            s = self.slim_logprobs(i, plan)
-            tot["kl_q_slim"] += w * float(kl(self.target[i], s))
-            tot["top1_agreement"] += w * float((s.argmax(-1) == self.target[i].argmax(-1)).float().mean())
-            if objective == "pythagorean":
-                tot["kl_p_slim"] += w * float(kl(self.draft[i], s))
-                tot["kl_slim_q"] += w * float(kl(s, self.target[i]))
-        tot["objective"] = tot["kl_q_slim"] if objective == "kl" else tot["kl_p_slim"] + tot["kl_slim_q"]
-        return tot
-
-
-def calibration_texts(sources: list[str], n: int, seed: int) -> list[str]:
-    """About ``n`` calibration texts spread evenly over ``sources`` (interleaved).
-
-    ``builtin`` is the built-in prompt set; other names are offline tasks, skipped with a
-    warning when their data is missing (the built-in prompts are then used alone).
-    """
-    from viasd.tasks import build_task
-
-    per = max(1, math.ceil(n / max(1, len(sources))))
-    groups: list[list[str]] = []
-    for src in sources:
-        try:
-            if src == "builtin":
-                task = build_task({"name": "prompts", "path": None})
-            else:
-                task = build_task({"name": src, "n_examples": per, "seed": seed})
-            groups.append([e.prompt for e in task.examples()][:per])
-        except ConfigError as e:
-            if src == "builtin" or len(sources) == 1:
-                raise
-            log.warning("DIMR calibration: skipping %s (%s)", src, e)
-    texts = [t for row in itertools.zip_longest(*groups) for t in row if t is not None]
-    return texts[:n]
+    def ablation(self, name: str, seed: int = 0) -> RoutingPlan:
+        return ablation_plan(self.target, name, self.cfg.keep_ratio, seed, self.cfg.space)
 
 
 def _sampler(cfg: SearchConfig, n_startup: int):
@@ -215,71 +174,60 @@ def _sampler(cfg: SearchConfig, n_startup: int):
     return optuna.samplers.RandomSampler(seed=cfg.seed)
 
 
-def _random_baseline(calib: Calibration, n: int, cfg: SearchConfig, count: int) -> list[dict[str, Any]]:
-    """``count`` seeded random masks of the budget, evaluated (distinct seeds; masks may repeat)."""
-    out = []
-    for s in tqdm(range(count), desc="random baseline", disable=count < 30):
-        layers = random_mask(n, cfg.keep_ratio, 1000 + s)
-        out.append({"seed": s, "layers": layers, **calib.evaluate(layers, cfg.objective)})
-    return out
-
-
 def search_mask(pair, cfg: SearchConfig, progress: bool = True,
-                on_trial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                on_trial: Callable[[dict[str, Any]], None] | None = None,
+                store_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the DIMR search for one pair and budget; returns the mask artifact (and writes it).
 
-    ``on_trial`` is called with each trial's record as soon as it is evaluated (e.g. a W&B logger).
+    ``on_trial`` is called with each trial's record as soon as it is evaluated (e.g. a W&B logger);
+    ``store_dir``: the run store that ``cfg.calibration_runs`` are looked up in.
 
     The artifact's ``n_trials`` counts the budget trials (random + BO); ``n_screen`` the
-    screening evaluations (each single-layer drop, then the seed); ``n_evaluations`` both;
-    ``baselines.random`` holds ``n_evaluations`` random masks unless ``n_baseline_random`` is set.
+    screening evaluations (each single drop, then the seed); ``n_evaluations`` both;
+    ``baselines.random`` holds ``n_evaluations`` random masks unless ``n_baseline_random`` is set;
+    ``held_out`` the held-out statistics of the result and of the baselines.
     """
     import optuna
 
     cfg.validate()
     t0 = time.perf_counter()
-    n = num_layers(pair.target)
-    k = budget(n, cfg.keep_ratio)
-    texts = calibration_texts(cfg.calibration, cfg.n_calibration, cfg.seed)
-    calib = Calibration(pair, texts, cfg.seq_len, cfg.batch_size, need_draft=cfg.objective == "pythagorean")
-    middle = list(range(1, n - 1))
-    seen: dict[tuple[int, ...], dict[str, float]] = {}
+    space = Space(pair.target, cfg)
+    n, k = space.n, space.k
+    chunks, held, calib_info = calibration_split(pair, cfg, store_dir)
+    calib = Calibration(pair, chunks, cfg.batch_size, need_draft=pair.draft is not None,
+                        memo_mib=cfg.memo_mib, stat_mib=cfg.stat_mib, cache_mib=cfg.cache_mib)
+    seen: dict[RoutingPlan, dict[str, float]] = {}
     trials: list[dict[str, Any]] = []
 
-    def to_mask(scores: list[float]) -> tuple[int, ...]:
-        top = sorted(middle, key=lambda i: -scores[i - 1])[: k - 2]
-        return tuple(sorted({0, n - 1, *top})) if k < n else tuple(range(n))
-
-    def record(mask: tuple[int, ...], number: int, phase: str) -> dict[str, float]:
-        if mask not in seen:
-            seen[mask] = calib.evaluate(list(mask), cfg.objective)
-        trials.append({"number": number, "phase": phase, "layers": list(mask), **seen[mask],
+    def record(plan: RoutingPlan, number: int, phase: str) -> dict[str, float]:
+        if plan not in seen:
+            seen[plan] = mask_record(calib, plan, cfg, space.b)
+        trials.append({"number": number, "phase": phase, "layers": plan.spec(), **seen[plan],
                        "elapsed_s": time.perf_counter() - t0})
         if on_trial is not None:
             on_trial(trials[-1])
-        return seen[mask]
+        return seen[plan]
 
-    importance: dict[int, float] = {}
-    if cfg.screen and k < n:  # layer screening: the cost of dropping each middle layer alone
-        for j, i in enumerate(tqdm(middle, desc="DIMR screening", disable=not progress)):
-            drop = tuple(x for x in range(n) if x != i)  # not of the budget: never the result
-            importance[i] = record(drop, j - len(middle) - 1, "screen")["objective"]
-        lo, hi = min(importance.values()), max(importance.values())
-        seed_scores = [(importance[i] - lo) / ((hi - lo) or 1.0) for i in middle]
-        record(to_mask(seed_scores), -1, "seed")  # keep the layers whose removal hurts most
+    importance: list[float] = []
+    if cfg.screen and space.tight:  # screening: the cost of dropping each candidate alone
+        m = len(space.free)
+        for j in tqdm(range(m), desc="DIMR screening", disable=not progress):
+            importance.append(record(space.drop(j), j - m - 1, "screen")["objective"])
+        seed_scores = space.seed_scores(importance)
+        record(space.from_scores(seed_scores), -1, "seed")  # keep the candidates whose removal hurts most
     n_screen = len(trials)
 
     best = {"value": min((t["objective"] for t in trials if t["phase"] == "seed"), default=math.inf), "since": 0}
-    bar = tqdm(total=cfg.n_trials, desc=f"DIMR {pair.name} keep={cfg.keep_ratio:.2f} ({cfg.sampler})",
+    bar = tqdm(total=cfg.n_trials, desc=f"DIMR {pair.name} keep={cfg.keep_ratio:.2f} {cfg.space} ({cfg.sampler})",
                disable=not progress)
-
     offset = 1 if importance else 0  # the seed is the study's trial 0; budget trials count from 0
+    names = space.names()
 
     def objective(trial: optuna.Trial) -> float:
-        scores = [trial.suggest_float(f"s{i}", 0.0, 1.0) for i in middle]
+        scores = [trial.suggest_float(name, 0.0, 1.0) for name in names]
         number = trial.number - offset
         phase = "random" if number < cfg.n_random or cfg.sampler == "random" else "bo"
-        return record(to_mask(scores), number, phase)["objective"]
+        return record(space.from_scores(scores), number, phase)["objective"]
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         bar.update(1)
@@ -295,8 +243,8 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
     study = optuna.create_study(direction="minimize", sampler=_sampler(cfg, cfg.n_random + offset))
     if importance:  # the seed is told to the optimizer (not a budget trial), so BO starts from it
         study.add_trial(optuna.trial.create_trial(
-            params={f"s{i}": v for i, v in zip(middle, seed_scores)},
-            distributions={f"s{i}": optuna.distributions.FloatDistribution(0.0, 1.0) for i in middle},
+            params=dict(zip(names, seed_scores)),
+            distributions={name: optuna.distributions.FloatDistribution(0.0, 1.0) for name in names},
             value=trials[-1]["objective"]))
     remaining = cfg.time_budget_s - (time.perf_counter() - t0)
     study.optimize(objective, n_trials=cfg.n_trials, timeout=max(1.0, remaining), callbacks=[callback])
@@ -306,61 +254,78 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
     best_trial = min((t for t in trials if t["phase"] != "screen"), key=lambda t: t["objective"])
     n_evals = len(trials)
     n_rand = cfg.n_baseline_random if cfg.n_baseline_random is not None else n_evals
-    rnd = _random_baseline(calib, n, cfg, n_rand)
-    baselines = {
-        "first_k": {"layers": first_k_mask(n, cfg.keep_ratio), **calib.evaluate(first_k_mask(n, cfg.keep_ratio),
-                                                                                 cfg.objective)},
-        "every_other": {"layers": every_other_mask(n, cfg.keep_ratio),
-                        **calib.evaluate(every_other_mask(n, cfg.keep_ratio), cfg.objective)},
-        "random": rnd,
-    }
+    rnd = [{"seed": s, "layers": (p := space.ablation("random", 1000 + s)).spec(), **mask_record(calib, p, cfg, space.b)}
+           for s in tqdm(range(n_rand), desc="random baseline", disable=n_rand < 30 or not progress)]
+    baselines: dict[str, Any] = {name: {"layers": (p := space.ablation(name)).spec(), **mask_record(calib, p, cfg, space.b)}
+                                 for name in ("first_k", "every_other")}
+    baselines["random"] = rnd
+    held_out = _held_out(pair, cfg, held, space, best_trial, baselines, calib) if held else None
     phase_best = {ph: min((t["objective"] for t in trials if t["phase"] == ph), default=None)
                   for ph in ("screen", "seed", "random", "bo")}
-    log.info("DIMR %s keep %d/%d: %d evaluations (screening %d incl. seed, budget %d: random %d + BO %d) in %.0fs; "
-             "best %s=%.4f (from %s; best per phase %s); best of %d random masks %.4f", pair.name, k, n, n_evals,
-             n_screen, len(budget_trials), sum(t["phase"] == "random" for t in trials),
-             sum(t["phase"] == "bo" for t in trials), search_s, cfg.objective, best_trial["objective"],
-             best_trial["phase"], {p: round(v, 4) for p, v in phase_best.items() if v is not None}, len(rnd),
+    log.info("DIMR %s keep %.2f (%s): %d evaluations (screening %d incl. seed, budget %d) in %.0fs; best %s=%.4f "
+             "(from %s); best of %d random masks %.4f", pair.name, cfg.keep_ratio, cfg.space, n_evals, n_screen,
+             len(budget_trials), search_s, cfg.objective, best_trial["objective"], best_trial["phase"], len(rnd),
              min((r["objective"] for r in rnd), default=math.nan))
     art = {
         "pair": pair.name,
         "target": getattr(pair.target.config, "_name_or_path", ""),
         "target_revision": getattr(pair.target.config, "_commit_hash", None),
         "draft": getattr(pair.draft.config, "_name_or_path", "") if pair.draft is not None else None,
-        "n_layers": n, "keep_ratio": cfg.keep_ratio, "budget": k, "objective": cfg.objective,
+        "n_layers": n, "keep_ratio": cfg.keep_ratio, "budget": k, "objective": cfg.objective, "space": cfg.space,
         "layers": best_trial["layers"], "value": best_trial["objective"], "best_phase": best_trial["phase"],
-        "kl_q_slim": best_trial["kl_q_slim"], "top1_agreement": best_trial["top1_agreement"],
+        **{key: best_trial.get(key) for key in ("kl_q_slim", "top1_agreement", "confident_top1", "confident_share",
+                                                "pythagorean", "param_fraction")},
         "search_seconds": search_s, "sampler": cfg.sampler, "n_trials": len(budget_trials), "n_screen": n_screen,
         "n_evaluations": n_evals, "n_unique_masks": len(seen), "best_per_phase": phase_best,
-        "calibration": {"sources": cfg.calibration, "n_texts": len(texts), "tokens": calib.n_tokens},
+        "calibration": {**calib_info, "sources": cfg.calibration, "n_chunks": len(chunks), "tokens": calib.n_tokens,
+                        "held_out_chunks": len(held)},
+        "held_out": held_out,
         "config": asdict(cfg), "trials": trials, "baselines": baselines,
     }
-    out = Path(cfg.out) if cfg.out else mask_path(pair.name, cfg.keep_ratio, cfg.objective)
+    out = Path(cfg.out) if cfg.out else mask_path(pair.name, cfg.keep_ratio, cfg.objective, cfg.space)
     atomic_write_json(out, art)
     art["path"] = str(out)
     return art
 
 
-def kl_geometry(pair, layers: list[int] | None, texts: list[str], seq_len: int = 96,
-                batch_size: int = 8) -> dict[str, float]:
-    """KL(p‖q), KL(p‖q'), KL(q'‖q) and the TV distances, averaged over calibration tokens.
+def _held_out(pair, cfg: SearchConfig, held: list[list[int]], space: Space, best_trial: dict[str, Any],
+              baselines: dict[str, Any], calib: Calibration) -> dict[str, Any]:
+    """Statistics of the result, ``first_k``, ``every_other`` and the best random mask on held-out text."""
+    calib.memo.clear()  # the search's memo and cached log-probs are not needed any more
+    calib.cached.clear()
+    calib.memo_bytes = 0
+    hcal = Calibration(pair, held, cfg.batch_size, need_draft=pair.draft is not None, memo_mib=cfg.memo_mib,
+                       stat_mib=cfg.stat_mib, cache_mib=cfg.cache_mib)
+    best_random = min(baselines["random"], key=lambda r: r["objective"]) if baselines["random"] else None
+    masks = {"searched": best_trial["layers"], "first_k": baselines["first_k"]["layers"],
+             "every_other": baselines["every_other"]["layers"]}
+    if best_random is not None:
+        masks["random_best"] = best_random["layers"]
+    out = {name: {"layers": m, **mask_record(hcal, RoutingPlan.build(m, space.n), cfg, space.b)}
+           for name, m in masks.items()}
+    out["tokens"] = hcal.n_tokens
+    return out
 
-    ``layers``: the slim verifier's kept layers (None: the full target). The Pythagorean gap
-    ``KL(p‖q) − (KL(p‖q') + KL(q'‖q))`` is positive when routing through ``q'`` is cheaper.
+
+def kl_geometry(pair, layers, texts: list[str], seq_len: int = 96, batch_size: int = 8,
+                memo_mib: float = 1024.0, stat_mib: float = 64.0) -> dict[str, float]:
+    """KL(p‖q), KL(p‖q'), KL(q'‖q), KL(q‖q') and the TV distances, averaged over calibration tokens.
+
+    ``layers``: the slim verifier's mask (a layer list or ``{attn, mlp}``; None: the full
+    target). The Pythagorean gap ``KL(p‖q) − (KL(p‖q') + KL(q'‖q))`` is positive when routing
+    through ``q'`` is cheaper. Statistics are streamed as in the search (:class:`Calibration`).
     """
     if pair.draft is None:
         raise no_draft_model("the KL geometry (experiments.kl)", getattr(pair, "name", "?"))
-    calib = Calibration(pair, texts, seq_len, batch_size, need_draft=True)
+    chunks = text_chunks(pair.tokenizer, texts, seq_len)
+    if not chunks:
+        raise ConfigError("no calibration text of at least 8 tokens; set search.calibration")
+    calib = Calibration(pair, chunks, batch_size, need_draft=True, memo_mib=memo_mib, stat_mib=stat_mib)
     n = num_layers(pair.target)
     plan = RoutingPlan.build(layers if layers is not None else range(n), n)
-    out = dict.fromkeys(("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "tv_p_q", "tv_p_slim", "tv_slim_q"), 0.0)
-    for i, b in enumerate(calib.batches):
-        w = b.numel() / calib.n_tokens
-        p, q = calib.draft[i], calib.target[i]
-        s = calib.slim_logprobs(i, plan)
-        for key, val in (("kl_p_q", kl(p, q)), ("kl_p_slim", kl(p, s)), ("kl_slim_q", kl(s, q)), ("kl_q_slim", kl(q, s)),
-                         ("tv_p_q", tv(p, q)), ("tv_p_slim", tv(p, s)), ("tv_slim_q", tv(s, q))):
-            out[key] += w * float(val)
+    s = calib.statistics(plan, tv_terms=True)
+    out = {key: s[key] for key in ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "tv_p_q", "tv_p_slim",
+                                   "tv_slim_q")}
     out["pythagorean_gap"] = out["kl_p_q"] - (out["kl_p_slim"] + out["kl_slim_q"])
     out["n_tokens"] = calib.n_tokens
     return out

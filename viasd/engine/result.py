@@ -147,6 +147,7 @@ class DecodeResult:
             out[f"{name}_calls"] = s.calls
             out[f"{name}_tokens"] = s.tokens
             out[f"{name}_s"] = s.seconds
+            out[f"{name}_layer_tokens"] = s.layer_tokens
         return out
 
 

@@ -1,42 +1,39 @@
-"""Intra-model routing: run a model with only some of its decoder layers (the slim verifier).
+"""Intra-model routing plans: which decoder sub-layers a routed pass runs (the slim verifier).
 
-A :class:`RoutingPlan` is data — the sorted list of kept decoder layers. :func:`routed_forward`
-runs the *same* module objects (shared weights, embeddings and head; no copies, no config edits)
-over the kept layers only. For decoder-only models the routed pass is the generic structure the
-transformers decoders share (Llama, Mistral, Qwen2/3, Gemma2/3, Phi-3, …): the model's embedding,
-its rotary module (once per layer type when it takes a ``layer_type``, as Gemma-3 does), one
-attention mask per layer type from ``config.layer_types`` (or ``config.sliding_window`` for
-models that slide on every layer), each kept layer called as the model's forward calls it, the
-final norm and the head (with ``final_logit_softcapping`` when set). :func:`check_routable`
-refuses, with one line naming the model, what this structure cannot express. T5's decoder has its
-own path. Each kept layer keeps its own ``layer_idx``, so a routed path writes its KV into its
-own cache object at the original indices; skipped layers leave no cache entry. Layer 0 must be
-kept (positions and mask sizes are read from the cache length of layer 0).
+A :class:`RoutingPlan` is data — the kept attention sub-layers and the kept MLP sub-layers of a
+decoder (a whole-layer plan keeps both of the same layers). A plan's *units* are its kept
+sub-layers in execution order, ``(layer, "attn")`` before ``(layer, "mlp")``; the unit index
+``2·layer + (0 | 1)`` orders every plan the same way, so :meth:`RoutingPlan.first_skipped` is
+where a slim pass stops seeing the full model's hidden states (:mod:`viasd.engine.stream`
+shares everything before it). :mod:`viasd.engine.paths` runs a plan with the model's own
+modules. :func:`check_routable` refuses, with one line naming the model, what that runner cannot
+express. Layer 0's attention must be kept (transformers reads positions and mask sizes from the
+first layer's cache when nothing else tells it, and T5 computes its position bias there).
 
-This module also registers the ``self`` drafter (the target routed with an aggressive plan).
+This module also registers the ``self`` drafter's default plan (the target routed with an
+aggressive plan).
 """
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    create_sliding_window_causal_mask,
-)
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from viasd.errors import ConfigError
 
+ATTN, MLP = "attn", "mlp"
 # Attention kinds a routed pass can build masks for (the mask builders the models' forwards use).
 MASK_BUILDERS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 # Config fields that change a decoder's forward outside its layers (logit / embedding multipliers
 # of Granite, Cohere, MiniCPM; bidirectional Gemma-3): such models are refused, not mis-routed.
 UNROUTABLE_FIELDS = ("logit_scale", "logits_scaling", "embedding_multiplier", "scale_emb", "use_bidirectional_attention")
 _PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+
+Unit = tuple[int, str]
 
 
 def _refuse(model, why: str) -> ConfigError:
@@ -89,126 +86,103 @@ def num_layers(model: PreTrainedModel) -> int:
     return len(decoder_layers(model))
 
 
+def unit_index(unit: Unit) -> int:
+    """Position of a unit in execution order: ``2·layer`` for attention, ``2·layer + 1`` for the MLP."""
+    return 2 * unit[0] + (unit[1] == MLP)
+
+
+def all_units(n_layers: int) -> list[Unit]:
+    """Every sub-layer of an ``n_layers`` decoder in execution order."""
+    return [(i, kind) for i in range(n_layers) for kind in (ATTN, MLP)]
+
+
+def _indices(value, what: str) -> list[int]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{what} must be a list of layer indices or {{attn: [...], mlp: [...]}} (got {value!r})")
+    try:
+        return sorted({int(i) for i in value})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{what} must be a list of layer indices (got {value!r})") from e
+
+
 @dataclass(frozen=True)
 class RoutingPlan:
-    """Kept decoder layers (sorted, unique, including layer 0)."""
+    """Kept attention and MLP sub-layers (sorted, unique; layer 0's attention is always kept)."""
 
-    layers: tuple[int, ...]
+    attn: tuple[int, ...]
+    mlp: tuple[int, ...]
 
     @classmethod
-    def build(cls, layers, n_layers: int, what: str = "routing mask") -> RoutingPlan:
-        """Validate ``layers`` against a model with ``n_layers`` layers; errors name the fix."""
-        try:
-            kept = sorted({int(i) for i in layers})
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{what} must be a list of layer indices (got {layers!r})") from e
-        if not kept:
+    def of_layers(cls, layers) -> RoutingPlan:
+        """A whole-layer plan (both sub-layers of each listed layer), unchecked."""
+        kept = tuple(sorted({int(i) for i in layers}))
+        return cls(kept, kept)
+
+    @classmethod
+    def full(cls, n_layers: int) -> RoutingPlan:
+        return cls.of_layers(range(n_layers))
+
+    @classmethod
+    def build(cls, spec, n_layers: int, what: str = "routing mask") -> RoutingPlan:
+        """Validate a mask ``spec`` — a list of kept layers, or ``{attn: [...], mlp: [...]}`` — against a
+        model with ``n_layers`` layers; errors name the fix."""
+        if isinstance(spec, RoutingPlan):
+            attn, mlp = list(spec.attn), list(spec.mlp)
+        elif isinstance(spec, Mapping):
+            extra = sorted(set(map(str, spec)) - {ATTN, MLP})
+            if extra or ATTN not in spec or MLP not in spec:
+                raise ConfigError(f"{what} {dict(spec)!r}: a sub-layer mask has exactly the keys attn and mlp, "
+                                  "e.g. {attn: [0, 1, 2], mlp: [0, 2]}")
+            attn, mlp = _indices(spec[ATTN], f"{what}.attn"), _indices(spec[MLP], f"{what}.mlp")
+        else:
+            attn = mlp = _indices(spec, what)
+        shown = attn if attn == mlp else {ATTN: attn, MLP: mlp}
+        if not attn and not mlp:
             raise ConfigError(f"{what} keeps no layer; keep at least layer 0")
-        bad = [i for i in kept if not 0 <= i < n_layers]
+        bad = sorted({i for i in attn + mlp if not 0 <= i < n_layers})
         if bad:
-            raise ConfigError(f"{what} {kept} does not fit the model: layers {bad} are outside 0..{n_layers - 1} "
+            raise ConfigError(f"{what} {shown} does not fit the model: layers {bad} are outside 0..{n_layers - 1} "
                               f"(the model has {n_layers} decoder layers); rebuild the mask for this model")
-        if kept[0] != 0:
-            raise ConfigError(f"{what} {kept} skips layer 0; transformers reads positions from layer 0's cache, "
+        if not attn or attn[0] != 0:
+            part = "layer 0" if attn == mlp else "layer 0's attention"
+            raise ConfigError(f"{what} {shown} skips {part}; transformers reads positions from layer 0's cache, "
                               "so keep layer 0")
-        return cls(tuple(kept))
+        return cls(tuple(attn), tuple(mlp))
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Layers of which at least one sub-layer runs (for a whole-layer plan: its kept layers)."""
+        return tuple(sorted(set(self.attn) | set(self.mlp)))
+
+    @property
+    def whole(self) -> bool:
+        """Whether the plan keeps or drops whole layers only."""
+        return self.attn == self.mlp
+
+    def spec(self) -> list[int] | dict[str, list[int]]:
+        """The plan as written in configs and artifacts: a layer list when whole, else ``{attn, mlp}``."""
+        return list(self.attn) if self.whole else {ATTN: list(self.attn), MLP: list(self.mlp)}
+
+    def units(self) -> list[Unit]:
+        """Kept sub-layers in execution order."""
+        return sorted([(i, ATTN) for i in self.attn] + [(i, MLP) for i in self.mlp], key=unit_index)
+
+    def first_skipped(self, n_layers: int) -> int:
+        """Unit index of the first sub-layer the plan skips (``2·n_layers`` for the full plan): every
+        unit before it sees the same inputs in this plan's pass and in the full model's."""
+        kept = {unit_index(u) for u in self.units()}
+        return next((j for j in range(2 * n_layers) if j not in kept), 2 * n_layers)
+
+    def sublayers(self) -> int:
+        """Number of kept sub-layers."""
+        return len(self.attn) + len(self.mlp)
 
     def keep_ratio(self, n_layers: int) -> float:
-        return len(self.layers) / n_layers
+        """Kept sub-layers / all sub-layers (kept layers / all layers for a whole-layer plan)."""
+        return self.sublayers() / (2 * n_layers)
 
     def is_full(self, n_layers: int) -> bool:
-        return len(self.layers) == n_layers
-
-
-class CausalPath:
-    """One routed pass of a decoder-only model, layer by layer.
-
-    Prepares embeddings, positions, one attention mask per layer type and the rotary embeddings
-    for ``input_ids`` (``[B, n]``, continuing ``cache`` when given), exactly as the model's own
-    forward does; then :meth:`layer` applies one decoder layer by its original index and
-    :meth:`head` applies the final norm and LM head. :func:`routed_forward` chains them over a
-    plan; the DIMR search reuses prefixes of a plan across candidates.
-    """
-
-    def __init__(self, model, input_ids: torch.Tensor, cache=None):
-        check_routable(model)
-        self.model, self.inner, self.cache = model, model.model, cache
-        cfg = self.inner.config
-        self.embeds = self.inner.embed_tokens(input_ids)
-        past = cache.get_seq_length() if cache is not None else 0
-        self.position_ids = (torch.arange(self.embeds.shape[1], device=self.embeds.device) + past).unsqueeze(0)
-        kw = dict(config=cfg, inputs_embeds=self.embeds, attention_mask=None, cache=cache,
-                  position_ids=self.position_ids)
-        self.types = layer_types(cfg)
-        kinds = sorted(set(self.types))
-        self.masks = {t: MASK_BUILDERS[t](**kw) for t in kinds}
-        rotary = self.inner.rotary_emb
-        if "layer_type" in inspect.signature(rotary.forward).parameters:  # one rotary per layer type
-            self.pos_emb = {t: rotary(self.embeds, self.position_ids, layer_type=t) for t in kinds}
-        else:
-            pos = rotary(self.embeds, self.position_ids)
-            self.pos_emb = dict.fromkeys(kinds, pos)
-
-    def layer(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Apply decoder layer ``i`` (original index) to ``hidden`` ``[B, n, H]``."""
-        kind = self.types[i]
-        return self.inner.layers[i](hidden, attention_mask=self.masks[kind], position_embeddings=self.pos_emb[kind],
-                                    position_ids=self.position_ids, cache=self.cache,
-                                    use_cache=self.cache is not None)
-
-    def head(self, hidden: torch.Tensor, last: int) -> torch.Tensor:
-        """Final norm + LM head (+ logit soft-capping) on the last ``last`` positions → ``[B, last, V]``."""
-        # Same order of operations as the library's forward (norm, slice, head) for identical logits.
-        logits = self.model.lm_head(self.inner.norm(hidden)[:, -last:])
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
-
-
-def _causal_routed(model, input_ids, cache, plan: RoutingPlan, last: int) -> torch.Tensor:
-    path = CausalPath(model, input_ids, cache)
-    hidden = path.embeds
-    for i in plan.layers:
-        hidden = path.layer(i, hidden)
-    return path.head(hidden, last)
-
-
-def _t5_routed(model, input_ids, cache, plan: RoutingPlan, last: int, encoder_outputs) -> torch.Tensor:
-    dec = model.get_decoder()
-    embeds = dec.embed_tokens(input_ids)
-    self_cache = cache.self_attention_cache
-    mask = create_causal_mask(config=dec.config, inputs_embeds=embeds, attention_mask=None, cache=self_cache)
-    enc_hidden = encoder_outputs.last_hidden_state
-    enc_mask = create_bidirectional_mask(config=dec.config, inputs_embeds=embeds, attention_mask=None,
-                                         encoder_hidden_states=enc_hidden)
-    hidden, bias, cross_bias = embeds, None, None
-    for i in plan.layers:
-        hidden, bias, cross_bias = dec.block[i](hidden, mask, bias, enc_hidden, enc_mask, cross_bias, cache=cache)
-    hidden = dec.final_layer_norm(hidden)
-    if model.config.scale_decoder_outputs:
-        hidden = hidden * (model.model_dim**-0.5)
-    return model.lm_head(hidden)[:, -last:]
-
-
-def routed_forward(model, input_ids: torch.Tensor, cache, plan: RoutingPlan, last: int = 1,
-                   encoder_outputs=None) -> torch.Tensor:
-    """Logits of ``model`` run with only ``plan.layers``.
-
-    Args:
-        model: the full model (its modules are used as they are).
-        input_ids: ``LongTensor[1, n]`` uncached tokens (decoder tokens for T5).
-        cache: this path's own ``DynamicCache`` (``EncoderDecoderCache`` for T5).
-        plan: kept layers.
-        last: number of trailing positions to return.
-        encoder_outputs: T5 only, the encoder output for the prompt.
-
-    Returns:
-        ``[1, last, V]`` logits.
-    """
-    if getattr(model.config, "is_encoder_decoder", False):
-        return _t5_routed(model, input_ids, cache, plan, last, encoder_outputs)
-    return _causal_routed(model, input_ids, cache, plan, last)
+        return self.sublayers() == 2 * n_layers
 
 
 def default_self_layers(n_layers: int) -> list[int]:

@@ -5,9 +5,18 @@ never touch caches directly: they ask a stream for logits at the end of the curr
 (:meth:`Stream.logits`), and the stream rolls its cache back to the longest prefix that is
 still valid (the common prefix of what it cached and the new sequence) before feeding the rest.
 
+**Shared prefix.** A slim verifier ``q'`` (the target routed through a plan) and the full target
+``q`` compute the same thing for every sub-layer before the first one the plan skips: same
+inputs, same KV entries, same hidden states. A :class:`SharedPrefix` holds the KV cache of those
+sub-layers and their output hidden states (the *boundary* hidden states) for the positions some
+stream attached to it has not yet consumed. Each attached stream keeps its own cache for the
+sub-layers it runs after the boundary: the slim pass extends the prefix over the block, and an
+escalation resumes the full model from the boundary hidden states of the block and of every
+lagging committed token the slim pass already processed.
+
 All transformers cache calls live here (transformers 5.x: forward takes ``cache=``, outputs carry
-``.cache``; positions come from layer 0's cache length; ``Cache.crop`` only removes a fixed
-count from every layer, so rollback crops each layer to an absolute length).
+``.cache``; ``Cache.crop`` only removes a fixed count from every layer, so rollback crops each
+layer — of each cache, the shared one included — to its own absolute length).
 
 Decoder-only models: the sequence is prompt + generated tokens. Encoder-decoder models (T5):
 the encoder runs once on the prompt and the sequence is the decoder's, starting with
@@ -22,21 +31,36 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 
-from viasd.engine.routing import routed_forward
+from viasd.engine.paths import embed, head, is_encoder_decoder, make_path, routed_forward, run_units
+from viasd.engine.routing import all_units, unit_index
 
 
 @dataclass
 class ModelStats:
-    """Forward calls, tokens processed and wall seconds of one model during a decode."""
+    """Forward calls, tokens processed, wall seconds and layer work of one model during a decode.
+
+    ``layer_tokens``: Σ over forwards of tokens × decoder layers actually run (a layer of which
+    only one sub-layer ran counts ½; shared-prefix sub-layers count for the stream that ran them).
+    """
 
     calls: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    layer_tokens: float = 0.0
 
     def add(self, other: ModelStats) -> None:
         self.calls += other.calls
         self.tokens += other.tokens
         self.seconds += other.seconds
+        self.layer_tokens += other.layer_tokens
+
+
+def layer_count(model: PreTrainedModel) -> int:
+    """Decoder layers of any model (T5: the decoder's), read from its config."""
+    cfg = model.config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return int(getattr(cfg, "num_decoder_layers", None) or cfg.num_layers)
+    return int(cfg.num_hidden_layers)
 
 
 def start_sequence(model: PreTrainedModel, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -47,13 +71,90 @@ def start_sequence(model: PreTrainedModel, prompt_ids: torch.Tensor) -> torch.Te
     return prompt_ids
 
 
-def _crop_layer(layer, length: int) -> None:
-    """Crop one cache layer to an absolute ``length`` tokens."""
-    if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
-        return
-    if layer.keys.numel() and layer.keys.shape[-2] > length:
-        layer.keys = layer.keys[..., :length, :]
-        layer.values = layer.values[..., :length, :]
+def fresh_cache(model: PreTrainedModel):
+    """An empty cache for ``model`` (``EncoderDecoderCache`` for encoder-decoders)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+    return DynamicCache()
+
+
+def crop_cache(cache, length: int) -> None:
+    """Crop every layer of ``cache`` (its self-attention part) to an absolute ``length`` tokens."""
+    for layer in getattr(cache, "self_attention_cache", cache).layers:
+        if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
+            continue
+        if layer.keys.numel() and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the common prefix of two token rows ``[1, La]`` and ``[1, Lb]``."""
+    n = min(a.shape[1], b.shape[1])
+    if n == 0:
+        return 0
+    diff = (a[0, :n] != b[0, :n]).nonzero()
+    return int(diff[0, 0]) if diff.numel() else n
+
+
+class SharedPrefix:
+    """KV cache and boundary hidden states of a target's first ``boundary`` sub-layers (unit
+    indices, :func:`~viasd.engine.routing.unit_index`), shared by the streams attached to it.
+
+    Invariant: ``hidden`` ``[1, length − lo, H]`` holds the boundary hidden states of positions
+    ``lo..length−1``, where ``lo`` is the shortest valid length of an attached stream (None when empty).
+    """
+
+    def __init__(self, model: PreTrainedModel, prompt_ids: torch.Tensor, boundary: int):
+        self.model, self.boundary = model, boundary
+        self.units = all_units(layer_count(model))[:boundary]
+        self.cache = fresh_cache(model)
+        self.tokens = prompt_ids.new_zeros((1, 0))
+        self.hidden: torch.Tensor | None = None
+        self.lo = 0
+        self.streams: list[Stream] = []
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    def crop(self, length: int) -> None:
+        """Roll the prefix back to its first ``length`` positions (cache, tokens, hidden states)."""
+        if length >= self.length:
+            return
+        crop_cache(self.cache, length)
+        self.tokens = self.tokens[:, :length]
+        if self.hidden is None or length <= self.lo:
+            self.hidden, self.lo = None, length
+        else:
+            self.hidden = self.hidden[:, : length - self.lo]
+
+    def trim(self) -> None:
+        """Drop boundary hidden states every attached stream has consumed (a stream's valid part is
+        its common prefix with the prefix's tokens)."""
+        lo = min([common_prefix(s.tokens, self.tokens) for s in self.streams] + [self.length])
+        if self.hidden is not None and lo > self.lo:
+            self.hidden = self.hidden[:, lo - self.lo:] if lo < self.length else None
+        self.lo = max(self.lo, lo)
+
+    def hidden_for(self, seq: torch.Tensor, keep: int, encoder_outputs=None) -> tuple[torch.Tensor, int]:
+        """Boundary hidden states ``[1, L − keep, H]`` of positions ``keep..L−1`` of ``seq`` ``[1, L]``.
+
+        Rolls the prefix back to its valid prefix of ``seq`` (or to ``keep`` when the stored
+        hidden states start after it) and runs the prefix sub-layers over the rest. Returns the
+        hidden states and how many positions the prefix sub-layers ran on.
+        """
+        valid = common_prefix(self.tokens, seq)
+        if keep < self.lo:
+            valid = min(valid, keep)
+        self.crop(valid)
+        ran = seq.shape[1] - valid
+        if ran:
+            h = embed(self.model, seq[:, valid:])
+            h = run_units(make_path(self.model, h, self.cache, valid, self.units, encoder_outputs), self.units, h)
+            self.hidden = h if self.hidden is None else torch.cat([self.hidden, h], 1)
+            self.tokens = seq
+        return self.hidden[:, keep - self.lo:], ran
 
 
 class Stream:
@@ -64,52 +165,70 @@ class Stream:
         prompt_ids: ``LongTensor[1, P]`` prompt (encoded once for encoder-decoders).
         name: label used in statistics (``"draft"``, ``"target"``, ``"slim"`` …).
         plan: optional :class:`~viasd.engine.routing.RoutingPlan`; the stream then runs only the
-            kept layers and its cache holds entries for those layers only.
+            kept sub-layers and its cache holds entries for those layers only.
+        prefix: optional :class:`SharedPrefix` of ``model``; the stream then takes the sub-layers
+            before ``prefix.boundary`` from it and runs (and caches) only its own units after it.
     """
 
-    def __init__(self, model: PreTrainedModel, prompt_ids: torch.Tensor, name: str, plan=None):
+    def __init__(self, model: PreTrainedModel, prompt_ids: torch.Tensor, name: str, plan=None,
+                 prefix: SharedPrefix | None = None):
         self.model = model
         self.name = name
-        self.plan = plan  # a RoutingPlan: run only these decoder layers (slim verifier / self-draft)
+        self.plan = plan  # a RoutingPlan: run only these sub-layers (slim verifier / self-draft)
+        self.prefix = prefix
         self.stats = ModelStats()
-        self.is_encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.is_encoder_decoder = is_encoder_decoder(model)
         self.tokens = prompt_ids.new_zeros((1, 0))  # [1, n] tokens whose KV is cached
         self._sync = model.device.type == "cuda"
         self.encoder_outputs = None
+        self.cache = fresh_cache(model)
         if self.is_encoder_decoder:
-            self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             with torch.inference_mode():
                 t0 = time.perf_counter()
                 self.encoder_outputs = model.get_encoder()(input_ids=prompt_ids)
                 self.stats.seconds += time.perf_counter() - t0
             self.stats.calls += 1
             self.stats.tokens += prompt_ids.shape[1]
-        else:
-            self.cache = DynamicCache()
+        if prefix is not None:
+            prefix.streams.append(self)
 
     @property
     def length(self) -> int:
         """Number of tokens currently cached."""
         return self.tokens.shape[1]
 
-    def _self_attention_cache(self):
-        return self.cache.self_attention_cache if self.is_encoder_decoder else self.cache
-
     def rollback(self, length: int) -> None:
         """Crop the cache to its first ``length`` tokens (an absolute length, every layer)."""
         if length >= self.length:
             return
-        for layer in self._self_attention_cache().layers:
-            _crop_layer(layer, length)
+        crop_cache(self.cache, length)
         self.tokens = self.tokens[:, :length]
 
     def valid_prefix(self, seq: torch.Tensor) -> int:
         """Length of the common prefix of the cached tokens and ``seq`` (``[1, L]``)."""
-        n = min(self.length, seq.shape[1])
-        if n == 0:
-            return 0
-        diff = (self.tokens[0, :n] != seq[0, :n]).nonzero()
-        return int(diff[0, 0]) if diff.numel() else n
+        return common_prefix(self.tokens, seq)
+
+    def _forward(self, seq: torch.Tensor, keep: int, last: int) -> tuple[torch.Tensor, float]:
+        """Logits ``[1, last, V]`` after feeding ``seq[:, keep:]``, and the layer-tokens it ran."""
+        new = seq[:, keep:]
+        n = new.shape[1]
+        if self.prefix is not None:
+            units = [u for u in (self.plan.units() if self.plan is not None else all_units(layer_count(self.model)))
+                     if unit_index(u) >= self.prefix.boundary]
+            hidden, ran = self.prefix.hidden_for(seq, keep, self.encoder_outputs)
+            if units:
+                path = make_path(self.model, hidden, self.cache, keep, units, self.encoder_outputs)
+                hidden = run_units(path, units, hidden)
+            return head(self.model, hidden, last), (ran * len(self.prefix.units) + n * len(units)) / 2
+        if self.plan is not None:
+            logits = routed_forward(self.model, new, self.cache, self.plan, last, self.encoder_outputs, past=keep)
+            return logits, n * self.plan.sublayers() / 2
+        if self.is_encoder_decoder:
+            out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=new, cache=self.cache,
+                             use_cache=True)
+            return out.logits[:, -last:], float(n * layer_count(self.model))
+        out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last)
+        return out.logits, float(n * layer_count(self.model))
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, last: int = 1) -> torch.Tensor:
@@ -127,23 +246,16 @@ class Stream:
         """
         keep = min(self.valid_prefix(seq), seq.shape[1] - last)
         self.rollback(keep)
-        new = seq[:, keep:]
         t0 = time.perf_counter()
-        if self.plan is not None:
-            logits = routed_forward(self.model, new, self.cache, self.plan, last, self.encoder_outputs)
-        elif self.is_encoder_decoder:
-            out = self.model(
-                encoder_outputs=self.encoder_outputs, decoder_input_ids=new, cache=self.cache, use_cache=True
-            )
-            logits = out.logits[:, -last:]
-        else:
-            out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last)
-            logits = out.logits
+        logits, layer_tokens = self._forward(seq, keep, last)
         logits = logits.float()
         if self._sync:
             torch.cuda.synchronize()
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
-        self.stats.tokens += new.shape[1]
+        self.stats.tokens += seq.shape[1] - keep
+        self.stats.layer_tokens += layer_tokens
         self.tokens = seq
+        if self.prefix is not None:
+            self.prefix.trim()
         return logits

@@ -30,8 +30,9 @@ from tqdm.auto import tqdm
 
 from viasd.config import GenerationConfig
 from viasd.core.rules import expected_tokens, ideal_speedup
+from viasd.engine.paths import unit_modules
 from viasd.engine.result import DecodeResult
-from viasd.engine.routing import RoutingPlan, decoder_layers
+from viasd.engine.routing import RoutingPlan, all_units, decoder_layers
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
 from viasd.harness.runner import aggregate
@@ -197,7 +198,8 @@ def weight_bytes(model, plan: RoutingPlan | None = None) -> int:
     decoder layers that run, excluding the input-embedding lookup and a T5 encoder (run once)."""
     skipped: list[torch.nn.Module] = []
     if plan is not None:
-        skipped += [m for i, m in enumerate(decoder_layers(model)) if i not in plan.layers]
+        kept = set(plan.units())
+        skipped += [m for u in all_units(len(decoder_layers(model))) if u not in kept for m in unit_modules(model, u)]
     if getattr(model.config, "is_encoder_decoder", False):
         skipped.append(model.get_encoder())
     skip = {id(m) for s in skipped for m in s.modules()}

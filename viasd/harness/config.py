@@ -50,6 +50,18 @@ IDENTITY_UNSET: dict[str, Any] = {
     "method.tier1_needs_slim_argmax": False,
     "method.tier1_min_draft_confidence": 0.0,
     "method.audit": True,
+    # The slim verifier's sub-layer masks and shared prefix (issue 27): defaults reproduce the older runs.
+    "method.slim.space": "layers",
+    "method.slim.share_prefix": True,
+    # DIMR search: sub-layer space, in-domain calibration, held-out split, confident top-1, streaming bounds.
+    "search.space": "layers",
+    "search.calibration_runs": [],
+    "search.held_out": 0.0,
+    "search.tau_slim": 0.6,
+    "search.memo_mib": 1024,
+    "search.stat_mib": 64,
+    "search.keep_first": 1,
+    "search.cache_mib": 0,
 }
 
 

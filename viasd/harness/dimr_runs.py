@@ -70,14 +70,17 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     def compute():
         pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
         wb = WandbLogger(cfg.tracking, resolved, run_id_for(resolved), **labels_for(resolved))
-        art = search_mask(pair, scfg, on_trial=wb.trial_logger())  # trials reach W&B as they run
+        art = search_mask(pair, scfg, on_trial=wb.trial_logger(),  # trials reach W&B as they run
+                          store_dir=cfg.tracking.store_dir)
         rnd = art["baselines"]["random"]
-        print(f"\nDIMR {art['pair']}: keep {art['budget']}/{art['n_layers']} layers ({art['objective']}), "
-              f"{art['n_trials']} trials in {art['search_seconds']:.0f}s")
-        print(f"  searched     {art['layers']}  KL(q||q')={art['kl_q_slim']:.4f}  top1={art['top1_agreement']:.3f}")
-        for name in ("first_k", "every_other"):
-            b = art["baselines"][name]
-            print(f"  {name:<12} {b['layers']}  KL(q||q')={b['kl_q_slim']:.4f}  top1={b['top1_agreement']:.3f}")
+        print(f"\nDIMR {art['pair']}: keep {art['keep_ratio']} = {art['budget']}/{art['n_layers']} layers' parameters "
+              f"({art['space']}, {art['objective']}), {art['n_trials']} trials in {art['search_seconds']:.0f}s")
+        rows = [("searched", art), *((name, art["baselines"][name]) for name in ("first_k", "every_other"))]
+        rows += [(f"held-out {name}", h) for name, h in (art.get("held_out") or {}).items() if isinstance(h, dict)]
+        for name, b in rows:
+            print(f"  {name:<21} {b['layers']}  KL(q||q')={b['kl_q_slim']:.4f}  top1={b['top1_agreement']:.3f}  "
+                  f"conf.top1={b['confident_top1']:.3f} (share {b['confident_share']:.2f})  "
+                  f"params {b['param_fraction']:.3f}")
         if rnd:
             kls = sorted(r["kl_q_slim"] for r in rnd)
             print(f"  random x{len(rnd)}   KL(q||q') min={kls[0]:.4f} median={kls[len(kls) // 2]:.4f}")
@@ -98,7 +101,8 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:
     """KL geometry of ``cfg.pair`` and its slim verifier (``cfg.method.slim``) on calibration text."""
-    from viasd.dimr.search import calibration_texts, kl_geometry
+    from viasd.dimr.calibration import calibration_texts
+    from viasd.dimr.search import kl_geometry
     from viasd.methods.via_sd import SlimConfig
 
     _prepare(cfg)
@@ -113,8 +117,9 @@ def run_kl(cfg: DictConfig) -> dict[str, Any]:
         if plan is None:
             raise ConfigError("KL geometry is measured for routed slim verifiers; an independent model has no mask")
         texts = calibration_texts(calib, int(cfg.search.n_calibration), int(cfg.seed))
-        out = kl_geometry(pair, list(plan.layers), texts, int(cfg.search.seq_len), int(cfg.search.batch_size))
-        out.update({"layers": list(plan.layers), "mask": desc, "method": "kl_geometry", "pair": pair.name,
+        out = kl_geometry(pair, plan.spec(), texts, int(cfg.search.seq_len), int(cfg.search.batch_size),
+                          float(cfg.search.get("memo_mib", 1024)), float(cfg.search.get("stat_mib", 64)))
+        out.update({"layers": plan.spec(), "mask": desc, "method": "kl_geometry", "pair": pair.name,
                     "task": "+".join(calib), "keep_ratio": slim_cfg.keep_ratio})
         print(json.dumps(out, indent=2))
         return [], out, lambda summary, folder: None

@@ -32,6 +32,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from viasd.dimr.calibration import resolve_runs
+from viasd.dimr.memory import cell_peak
 from viasd.errors import ConfigError
 from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
 from viasd.models.gguf_index import converted_dir, index_model
@@ -79,6 +81,7 @@ class CellPlan:
     finished: bool = False
     notes: list[str] = field(default_factory=list)
     mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
+    memory_basis: str = f"weights x {OVERHEAD}"
 
 
 def visible_gpus_gib() -> list[float]:
@@ -254,6 +257,12 @@ def _calibration(cfg: DictConfig) -> list[str]:
     from viasd.tasks.builtin_prompts import BUILTIN_PROMPTS
 
     sources, n = list(cfg.search.calibration), int(cfg.search.n_calibration)
+    runs = list(cfg.search.get("calibration_runs") or [])
+    if runs:  # in-domain: the stored runs' prompts + generated tokens (viasd.dimr.calibration)
+        found = resolve_runs(runs, str(cfg.pair.name), str(cfg.tracking.store_dir))
+        where = f"in-domain from {len(found)}/{len(runs)} stored runs ({', '.join(d.name for d in found)})" if found else \
+            f"no stored run of {runs} in {cfg.tracking.store_dir}: falls back to the built-in prompts"
+        return [f"calibration {n} windows x {cfg.search.seq_len} tokens, held out {cfg.search.get('held_out', 0)}: {where}"]
     per = -(-n // max(1, len(sources)))
     total, parts = 0, []
     for src in sources:
@@ -300,7 +309,13 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     src = cell_mask_source(cfg)
     plan.mask = src.describe() if src is not None else None
     plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
-    plan.need_gib = sum(m["gib"] for m in plan.models) * OVERHEAD
+    weights = sum(m["gib"] for m in plan.models)
+    plan.need_gib = weights * OVERHEAD
+    if entry != "run":  # DIMR search / KL geometry: the streamed calibration's peak, as the code allocates it
+        peak = cell_peak(cfg, pair, int(weights * GIB), entry)
+        plan.need_gib = peak["total"] / GIB
+        plan.memory_basis = "weights {:.2f} + stored states {:.2f} + memo {:.2f} + batch/chunk {:.2f} GiB".format(
+            *(peak[k] / GIB for k in ("weights", "persistent", "memo", "transient")))
     store = RunStore(cfg.tracking.store_dir)
     as_run = cfg.copy()
     with open_dict(as_run):
@@ -336,7 +351,7 @@ def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
     if plan.need_gib > have:
         how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
         raise ConfigError(
-            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, weights x {OVERHEAD}) "
+            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
             f"but fits only {how}; use more or larger GPUs"
             + ("" if spread else " or set pair.device_map=auto to spread the models")
         )
@@ -349,7 +364,7 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
         gated = "  gated" if m["gated"] else ""
         print(f"    {m['role']:<12} {m['id']}@{m['revision']}  {m['dtype']}  {m['device']}  "
               f"{m['params'] / 1e9:.3f}B params  {m['gib']:.2f} GiB{gated}")
-    print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} (weights x {OVERHEAD})")
+    print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} ({plan.memory_basis})")
     for line in plan.data:
         print(f"    data         {line}")
     if plan.mask:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from viasd.dimr.calibration import calibration_inputs
 from viasd.dimr.masks import mask_path, resolve_plan
 from viasd.harness.config import drop_unset, unpin_local_hub
 from viasd.models.pairs import MASK_OPTIONS, store_name
@@ -68,7 +69,7 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
         if mask == "auto":
             name = store_name(OmegaConf.to_container(cfg.pair, resolve=True))  # pair=hf: hf-<checkpoint>
             files["method.slim.mask"] = mask_path(name, float(slim.get("keep_ratio", 0.5)),
-                                                  str(slim.get("objective", "kl")))
+                                                  str(slim.get("objective", "kl")), str(slim.get("space", "layers")))
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
     return {k: p for k, p in files.items() if p.is_file()}
@@ -85,7 +86,8 @@ def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str
     :func:`slim_mask_used` records, so a run's id follows the mask it reads, and runs that never
     read one keep their id when a pair config ships a new mask."""
     slim = OmegaConf.select(cfg, "method.slim", default=None)
-    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto":
+    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto" or \
+            str(slim.get("space", "layers")) != "layers":  # pairs ship whole-layer masks only
         return {}
     shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
     layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
@@ -120,6 +122,7 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
         inputs.update(shipped_mask_input(cfg, inputs))
         resolved["inputs"] = inputs if entry == "run" else {k: v for k, v in inputs.items() if k.startswith("method.")}
     if entry == "search":
+        resolved.update(calibration_inputs(cfg))  # in-domain calibration: the stored runs it reads
         resolved["method"] = {"name": "dimr_search"}
         resolved["task"] = {"name": "calibration"}
     elif entry == "kl":
@@ -145,7 +148,7 @@ def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | 
     if slim is None:
         return None
     _, plan, desc = resolve_plan(pair, slim)
-    layers = list(plan.layers) if plan is not None else None
+    layers = plan.spec() if plan is not None else None
     sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
     return {"layers": layers, "source": desc,
             "sha256": sha or layers_sha256(layers)}

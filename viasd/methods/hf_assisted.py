@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig as HFGenerationConfig
 
 from viasd.engine.result import Counters, DecodeResult
-from viasd.engine.stream import ModelStats
+from viasd.engine.stream import ModelStats, layer_count
 from viasd.errors import ConfigError, no_draft_model
 from viasd.methods.registry import register_method
 
@@ -61,6 +61,7 @@ def _count(model: torch.nn.Module, stats: ModelStats):
         if ids is None and args:
             ids = args[0]
         stats.tokens += int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else 0
+        stats.layer_tokens += int(ids.shape[-1]) * layer_count(model) if isinstance(ids, torch.Tensor) else 0
         stats.seconds -= time.perf_counter()
 
     def post(_mod, _args, _kwargs, _out):

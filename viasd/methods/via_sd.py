@@ -4,8 +4,10 @@ This module owns the method loop and its knobs; the routing itself is the pure f
 :func:`~viasd.core.tiers.route_round`. One round:
 
 1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p`` (the drafter also keeps its raw logits).
-2. **Slim pass**: one forward of ``q'`` (the target routed through a layer mask) over what it
-   has not cached plus the block → raw logits at ``γ + 1`` positions.
+2. **Slim pass**: one forward of ``q'`` (the target routed through a layer or sub-layer mask)
+   over what it has not cached plus the block → raw logits at ``γ + 1`` positions. Skipped when
+   no outcome of the round depends on it (tiers off, an empty block, a forced escalation at
+   position 0: :func:`~viasd.core.tiers.escalates_at_start`).
 3. **Route** (:func:`~viasd.core.tiers.route_round`): the gate reads
    ``p̂ = softmax(draft logits / T_g)`` and ``q̂' = softmax(slim logits / T_g)``
    (``gate_temperature``, default 1). Agreement ``s_i`` (``min(1, q̂'(y_i)/p̂(y_i))`` or
@@ -13,7 +15,9 @@ This module owns the method loop and its knobs; the routing itself is the pure f
    and ``max q̂'_i ≥ τ_slim`` → tier 2 (the slim verifier rewrites the token, the round ends);
    otherwise → tier 3 (escalate). After ``γ`` tier-1 tokens, a confident slim bonus token.
 4. **Escalate** (tier 3): one forward of the full model ``q`` over everything it has not cached
-   plus ``y_i..y_γ``, standard SD verification (correction or bonus token), the round ends.
+   plus ``y_i..y_γ``, standard SD verification (correction or bonus token), the round ends. With
+   ``slim.share_prefix`` the full model resumes from the slim pass's hidden states at the mask's
+   first skipped sub-layer (:class:`~viasd.engine.stream.SharedPrefix`).
 5. **Commit**; each cache rolls back to its own valid length (the
    :class:`~viasd.engine.stream.Stream` helper); the full model may lag behind.
 
@@ -50,12 +54,12 @@ import torch
 
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
-from viasd.core.tiers import ESCALATE, escalate_at_once, gate_distribution, route_round
-from viasd.dimr.masks import slim_stream
+from viasd.core.tiers import ESCALATE, escalate_at_once, escalates_at_start, gate_distribution, route_round
+from viasd.dimr.masks import SPACES, verifier_streams
 from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
 from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
-from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.stream import start_sequence
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
 
@@ -64,16 +68,22 @@ from viasd.methods.registry import register_method
 class SlimConfig:
     """Which slim verifier ``q'`` to use.
 
-    ``mask``: ``auto`` (the searched DIMR mask for this pair and ``keep_ratio``), a path to a
-    mask artifact, an explicit list of kept layers, or an ablation: ``random`` (seeded, same
-    budget), ``first_k`` (early exit), ``every_other``, ``independent`` (the pair's intermediate
-    model), ``full`` (the target itself).
+    ``mask``: ``auto`` (the searched DIMR mask for this pair, ``keep_ratio`` and ``space``), a
+    path to a mask artifact, an explicit list of kept layers or ``{attn: [...], mlp: [...]}``
+    (kept sub-layers), or an ablation: ``random`` (seeded, same budget), ``first_k`` (early
+    exit), ``every_other``, ``independent`` (the pair's intermediate model), ``full`` (the
+    target itself). ``space``: ``layers`` or ``sublayers`` (the search space of ``auto`` and of
+    the ablations; budgets count parameters read per token). ``share_prefix``: the slim and the
+    full pass share the KV cache and hidden states of every sub-layer before the first one the
+    mask skips, and an escalation resumes the full model there (same tokens; off: separate caches).
     """
 
     mask: Any = "auto"
     keep_ratio: float = 0.5
     objective: str = "kl"
     seed: int = 0
+    space: str = "layers"
+    share_prefix: bool = True
 
 
 @dataclass
@@ -119,19 +129,25 @@ class VIASDConfig:
             raise ConfigError(f"max_unverified must be >= 0 or null (got {self.max_unverified})")
         if not 0 < float(self.slim.keep_ratio) <= 1:
             raise ConfigError(f"slim.keep_ratio must be in (0, 1] (got {self.slim.keep_ratio})")
+        if self.slim.space not in SPACES:
+            raise ConfigError(f"slim.space must be one of {SPACES} (got {self.slim.space!r}); set method.slim.space")
 
     @property
     def tiers_on(self) -> bool:
         """Whether tier 1 or tier 2 can ever fire (otherwise no slim pass is needed)."""
         return self.tau_accept <= 1 or (self.tau_slim <= 1 and self.tau_escalate <= 1)
 
+    def slim_needed(self, k: int, unverified: int) -> bool:
+        """Whether a round of ``k`` drafted tokens after ``unverified`` unseen ones can depend on the
+        slim pass: not when the tiers are off or the round escalates at its first position anyway."""
+        return self.tiers_on and not escalates_at_start(k, unverified, self.max_unverified)
+
 
 @register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
 def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
     t0 = time.perf_counter()
-    full = Stream(pair.target, prompt_ids, "target")
-    slim = slim_stream(pair, prompt_ids, cfg.slim)
+    full, slim = verifier_streams(pair, prompt_ids, cfg.slim)  # sharing the sub-layers before the first skipped one
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
@@ -146,9 +162,9 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
         k = y.shape[0]
         block = torch.cat([out.seq, y.view(1, -1)], 1)
-        # 2. slim pass  3. route
+        # 2. slim pass  3. route (no slim pass when no outcome of the round depends on it)
         route = escalate_at_once()
-        if cfg.tiers_on:
+        if cfg.slim_needed(k, unverified):
             raw = slim.logits(block, last=k + 1)[0]  # [k+1, V]
             route = route_round(y, p, probs_from_logits(raw, gen),
                                 gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p),

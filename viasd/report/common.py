@@ -214,6 +214,7 @@ def paired_group(store: RunStore, group: list[dict]) -> dict[str, Any] | None:
 
 
 def _label(r: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k.split('.')[-1]}={OmegaConf.select(r['config'], k)}" for k in keys)
+    values = ((k.split(".")[-1], OmegaConf.select(r["config"], k)) for k in keys)
+    return ", ".join(f"{k}={v}" for k, v in values if v is not None)  # keys older runs lack are left out
 
 

@@ -29,12 +29,18 @@ def table1(runs, missing, out: Path, store: RunStore, scale: str) -> list[str]:
         rnd = [b["kl_q_slim"] for b in s.get("baselines", {}).get("random", [])]
         fk = s.get("baselines", {}).get("first_k", {})
         eo = s.get("baselines", {}).get("every_other", {})
-        rows.append([s["pair"], f"{s['budget']}/{s['n_layers']}", s["objective"], str(s["layers"]), s["kl_q_slim"],
-                     s["top1_agreement"], min(rnd) if rnd else math.nan, fk.get("kl_q_slim"), eo.get("kl_q_slim"),
+        held = (s.get("held_out") or {}).get("searched", {})  # held-out numbers when the search kept some text apart
+        kept = f"{s['budget']}/{s['n_layers']}" if s.get("space", "layers") == "layers" else \
+            f"{len(s['layers']['attn'])}a+{len(s['layers']['mlp'])}m/{2 * s['n_layers']}"
+        rows.append([s["pair"], kept, s.get("space", "layers"), s.get("param_fraction", math.nan), s["objective"],
+                     str(s["layers"]), s["kl_q_slim"], s["top1_agreement"], s.get("confident_top1", math.nan),
+                     held.get("kl_q_slim", math.nan), held.get("confident_top1", math.nan),
+                     min(rnd) if rnd else math.nan, fk.get("kl_q_slim"), eo.get("kl_q_slim"),
                      s["search_seconds"] / 60, s["n_trials"]])
     return write_table(out, "table1", "Table 1 — DIMR search per pair and budget",
-                       ["pair", "kept", "objective", "kept layers", "KL(q||q')", "top-1 agr.", "best of random KL",
-                        "first_k KL", "every_other KL", "search min", "trials"], rows, runs, missing, scale=scale)
+                       ["pair", "kept", "space", "params read", "objective", "mask", "KL(q||q')", "top-1 agr.",
+                        "conf. top-1", "held-out KL", "held-out conf. top-1", "best of random KL", "first_k KL",
+                        "every_other KL", "search min", "trials"], rows, runs, missing, scale=scale)
 
 
 def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, extra_keys: list[str],
@@ -69,8 +75,8 @@ def table3(runs, missing, out, store, scale):
 
 @REPORTS.register("table4")
 def table4(runs, missing, out, store, scale):
-    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale, ["method.slim.mask"],
-                         store)
+    return _method_table("table4", "Table 4 — slim-verifier ablation", runs, missing, out, scale,
+                         ["method.slim.mask", "method.slim.space"], store)
 
 
 @REPORTS.register("table5")

@@ -1,4 +1,5 @@
 """``python -m experiments.report [--scale local|paper|smoke|cpu-large] [--only table2 fig_tiers] [--out paper_figures] [--run-missing-ar] [--results DIR|none]``
+``python -m experiments.report --check [--strict] [--out paper_figures] [--runs DIR]``
 
 Rebuilds every table (Markdown + LaTeX) and figure (PNG + PDF) from the local run store
 (``VIASD_RUNS_DIR``, default ``./runs``) and the results store committed in the repository
@@ -7,6 +8,10 @@ Rebuilds every table (Markdown + LaTeX) and figure (PNG + PDF) from the local ru
 not prove themselves as runs are listed once as invalid (on stderr) and never used. Speedups are
 against the ``ar`` run of the identical workload in the same store; cells without one print the
 command that creates it, and ``--run-missing-ar`` runs those commands before building.
+
+``--check`` builds nothing: it lists every output under ``<out>/`` and ``bench_results/`` whose
+sources are not the runs the current code would make (run ids recomputed from the configs, no
+decoding; :mod:`viasd.report.check`), with the fix for each; exit status 1 when one is stale.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from viasd.harness.grid import CONF_DIR
 from viasd.harness.runner import run
 from viasd.paths import runs_dir
 from viasd.report.build import REPORTS, build_all, collect, scales
+from viasd.report.check import check_main, default_stores
 from viasd.tracking.store import RunStores, invalid_lines
 
 
@@ -47,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
                     "results/runs; none: leave it out)")
     ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides the exps were run with")
     ap.add_argument("--run-missing-ar", action="store_true", help="first run the matched ar runs that are missing")
+    ap.add_argument("--check", action="store_true", help="build nothing: list the outputs under --out and "
+                    "bench_results/ the current configs would not make (exit status 1 when one is stale)")
+    ap.add_argument("--strict", action="store_true", help="with --check: an output that cannot be checked here "
+                    "(an input file absent, e.g. no VIASD_DATA_DIR) fails too")
     args = ap.parse_args(argv)
+    if args.check:
+        return check_main([Path(args.out), Path("bench_results")], default_stores(args.runs or runs_dir()), args.strict)
 
     store = RunStores.default(args.runs or runs_dir(), None if args.results == "none" else args.results)
     for line in invalid_lines(store):

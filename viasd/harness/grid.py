@@ -51,7 +51,7 @@ from viasd.methods.api import method_config
 from viasd.tasks import build_task
 from viasd.tracking.store import RunStore, run_id_for
 
-__all__ = ["CONF_DIR", "exp_names", "exp_file", "sweep_overrides", "exp_cells", "compose_cells", "run_cell",
+__all__ = ["CONF_DIR", "exp_names", "exp_file", "sweep_overrides", "exp_jobs", "exp_cells", "compose_cells", "run_cell",
            "check_prerequisites", "cell_label", "cell_names", "cell_finished", "GridCallback"]
 
 
@@ -74,17 +74,23 @@ def sweep_overrides(params: dict[str, Any], overrides: list[str]) -> list[list[s
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+def exp_jobs(overrides: list[str]) -> list[list[str]]:
+    """The override list of every cell of the sweep ``overrides`` select (its exp's sweeper params
+    expanded); call it with Hydra initialized (:func:`exp_cells` does)."""
+    fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+             if not o.is_sweep_override()]  # the sweep itself cannot compose; its sweeper params can
+    top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
+    params = OmegaConf.select(top, "hydra.sweeper.params", default=None)  # None: a plain -m sweep
+    params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+    return sweep_overrides(params, overrides)
+
+
 def exp_cells(overrides: list[str]) -> list[tuple[list[str], DictConfig]]:
     """``(job overrides, composed config)`` of every cell of the sweep ``overrides`` select
     (e.g. ``["+exp=table2", "scale=smoke"]``); works inside or outside a Hydra app."""
 
     def _do() -> list[tuple[list[str], DictConfig]]:
-        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
-                 if not o.is_sweep_override()]  # the sweep itself cannot compose; its sweeper params can
-        top = compose(config_name="config", overrides=fixed, return_hydra_config=True)
-        params = OmegaConf.select(top, "hydra.sweeper.params", default=None)  # None: a plain -m sweep
-        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
-        return [cell for job in sweep_overrides(params, overrides)  # an interleave job: its variants
+        return [cell for job in exp_jobs(overrides)  # an interleave job: its variants
                 for cell in expand(job, compose(config_name="config", overrides=job))]
 
     if GlobalHydra.instance().is_initialized():

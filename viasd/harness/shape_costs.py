@@ -37,10 +37,11 @@ import torch
 import transformers
 from transformers import StaticCache
 
+from viasd.dimr.calibration import kl
 from viasd.dimr.masks import every_other_mask
-from viasd.dimr.search import kl, logprobs
+from viasd.engine.paths import routed_forward
 from viasd.engine.routing import RoutingPlan, num_layers
-from viasd.engine.stream import Stream
+from viasd.engine.stream import Stream, fresh_cache
 from viasd.models.paper_shapes import build_random, optional_models, paper_pairs, param_count
 
 __all__ = ["SCHEMA", "CONTEXTS", "KS", "KEEPS", "forward_ms", "graph_vs_eager", "search_batch", "measure",
@@ -131,6 +132,12 @@ def graph_vs_eager(model, ctx: int, k: int, repeats: int = 10) -> dict[str, Any]
     return row
 
 
+def _logprobs(model, ids: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
+    """Teacher-forced next-token log-probs ``[B, L, V]`` (float32) of a decoder-only model on ``ids [B, L]``."""
+    logits = routed_forward(model, ids, fresh_cache(model), plan, last=ids.shape[1])
+    return torch.log_softmax(logits.float(), -1)
+
+
 def search_batch(model, keep: float = 0.5, batch: int = SEARCH_BATCH, seq_len: int = SEARCH_SEQ) -> dict[str, Any]:
     """One DIMR calibration batch (target + one slim verifier's log-probs and KL) and its peak memory."""
     n = num_layers(model)
@@ -143,7 +150,7 @@ def search_batch(model, keep: float = 0.5, batch: int = SEARCH_BATCH, seq_len: i
         base = torch.cuda.memory_allocated(model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        value = float(kl(logprobs(model, ids), logprobs(model, ids, plan)))
+        value = float(kl(_logprobs(model, ids, RoutingPlan.full(n)), _logprobs(model, ids, plan)))
     _sync(model.device)
     out = {"batch": batch, "seq_len": seq_len, "keep": keep, "seconds": time.perf_counter() - t0,
            "kl_q_slim": value if math.isfinite(value) else None,

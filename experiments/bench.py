@@ -96,7 +96,8 @@ def run_cost_curve(cfg: DictConfig) -> None:
         return p
 
     args = (bandwidth, ks, int(c.context), int(c.reps), float(c.keep_ratio), str(c.clock))
-    runs_backend = resolve_backend(str(cfg.pair.backend), cfg.pair.device)  # what runs of this pair use
+    runs_backend = resolve_backend(str(OmegaConf.select(cfg, "pair.backend", default="auto")),  # what runs use
+                                   OmegaConf.select(cfg, "pair.device", default="cpu"))
     if c.interleave:
         by_backend = {b: pair if i == 0 else variant(b) for i, b in enumerate(backends)}
         rows = cost_curve_rows(by_backend, *args)

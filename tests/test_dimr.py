@@ -3,8 +3,8 @@ held-out split, objectives, KL geometry (never NaN on widened heads)."""
 
 from __future__ import annotations
 
-import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
 from viasd.models.tiny import build_tiny_pair
 from viasd.paths import PROJECT_ROOT
-from viasd.tracking.store import run_id_for
+from viasd.tracking.store import RunStore, run_id_for
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +106,20 @@ def test_sublayer_search_reads_the_parameter_budget_and_auto_picks_it_up(deep_pa
     assert auto.tokens == decode(deep_pair, PROMPTS[2], "viasd", {"slim": {"mask": art["layers"]}}, gen).tokens
 
 
-def _fake_run(store, name, pair, prompts):
-    run = store / name
-    run.mkdir(parents=True)
-    lines = [json.dumps({"id": str(i), "prompt": p, "token_ids": list(range(40, 72))}) for i, p in enumerate(prompts)]
-    (run / "examples.jsonl").write_text("\n".join(lines) + "\n")
-    (run / "config.yaml").write_text("{}\n")
-    (run / "summary.json").write_text(json.dumps({"pair": pair, "method": "ar", "task": "prompts",
-                                                  "n_examples": len(prompts)}))
-    return run
+def _fake_run(store, pair, prompts):
+    """A finished ``ar`` run folder of ``pair`` on ``prompts`` that proves itself (its config hashes to its id)."""
+    cfg = {"pair": {"name": pair}, "method": {"name": "ar"}, "task": {"name": "prompts"}}
+    run = RunStore(store).open(run_id_for(cfg), cfg)
+    for i, p in enumerate(prompts):
+        run.log_example({"id": str(i), "prompt": p, "token_ids": list(range(40, 72))})
+    run.finish({"pair": pair, "method": "ar", "task": "prompts", "n_examples": len(prompts)})
+    return run.path
 
 
 def test_in_domain_calibration_reads_stored_runs_and_holds_some_out(deep_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
     store = tmp_path / "runs"
-    _fake_run(store, "tiny-llama-8__ar__prompts__0000000000", "tiny-llama-8", PROMPTS[:8])
+    _fake_run(store, "tiny-llama-8", PROMPTS[:8])
     cfg = SearchConfig(keep_ratio=0.5, n_random=2, n_trials=3, n_calibration=8, seq_len=24, objective="confident_top1",
                        calibration_runs=["ar:prompts"], held_out=0.25, n_baseline_random=2, screen=False)
     search, held, info = calibration_split(deep_pair, cfg, store)
@@ -166,7 +165,7 @@ def test_keep_first_bounds_where_an_escalation_resumes(deep_pair, tmp_path, monk
 
 
 def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
-    run = _fake_run(tmp_path / "runs", "tiny-llama__ar__prompts__0000000000", "tiny-llama", PROMPTS[:3])
+    run = _fake_run(tmp_path / "runs", "tiny-llama", PROMPTS[:3])
 
     def search_id(*overrides):
         with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
@@ -178,6 +177,6 @@ def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
     assert "inputs" not in plain  # searches without stored runs keep their ids
     resolved, first = search_id("search.calibration_runs=[ar:prompts]")
     assert list(resolved["inputs"]["search.calibration_runs"]) == [run.name]
-    with (run / "examples.jsonl").open("a") as f:
-        f.write(json.dumps({"id": "9", "prompt": "more", "token_ids": [5, 6]}) + "\n")
+    shutil.rmtree(run)
+    assert _fake_run(tmp_path / "runs", "tiny-llama", PROMPTS[:4]) == run  # the same run, one example more
     assert search_id("search.calibration_runs=[ar:prompts]")[1] not in (first, plain_id)

@@ -142,7 +142,7 @@ def _via_table(out, name: str, title: str, runs, missing, scale: str, note: str,
     rows = []
     groups = sorted(repeat_groups(runs), key=lambda g: [str(OmegaConf.select(g[0]["config"], k)) for k in keys])
     for g in groups:
-        cfg, shares, ar = g[0]["config"], [tier_shares(r["summary"], store) for r in g], g[0]["ar"]
+        cfg, shares, ar = g[0]["config"], [tier_shares(r["summary"]) for r in g], g[0]["ar"]
         cmp = paired_group(store, g)
         cells = paired_cells(cmp)
         rows.append([g[0]["summary"].get("pair"), g[0]["summary"].get("task"),
@@ -225,7 +225,7 @@ def fig_dimr(runs, missing, out, store, scale):
         trials = [t for t in store.examples(r["run_id"]) if t["phase"] != "screen"]
         best, ys = math.inf, []
         for t in trials:
-            best = min(best, t["objective"], store)
+            best = min(best, t["objective"])
             ys.append(best)
         line, = ax.plot(range(len(ys)), ys, label=f"keep={r['summary']['keep_ratio']:.2f} (best so far)")
         ax.scatter(range(len(trials)), [t["objective"] for t in trials], s=6, alpha=0.4, color=line.get_color())

@@ -242,11 +242,28 @@ def _spec(stream: str, cfg) -> str:
     return layers_key(cfg.drafter.layers) if cfg.drafter.layers is not None else "self:default"
 
 
+def _resume_price(ep: Episode, cfg, meta: dict[str, Any]):
+    """The price of a full pass that resumes from the slim pass's shared prefix (``slim.share_prefix``,
+    a routed slim verifier): a routed forward through the target's layers from the first one the mask
+    skips; None (the full forward) otherwise or without a cost model. Approximate where a round
+    without a slim pass leaves the prefix of some tokens to the full pass (priced as shared)."""
+    if ep.cost is None or not getattr(cfg.slim, "share_prefix", True) or meta.get("role") in ("intermediate", "draft"):
+        return None
+    n, kept = ep.cost.entry("target").n_layers, meta.get("layers")
+    if n is None or not kept:
+        return None
+    first = min(set(range(n)) - {int(i) for i in kept}, default=n)
+    if first >= n or first == 0:
+        return None
+    return ep.cost.pricer("target", n - int(first))
+
+
 def _via_sd(ep: Episode, cfg) -> None:
     spec = slim_key(cfg.slim)
     f = ep.traces.file(spec)
     slim_cost = ("intermediate", None) if f.meta["role"] in ("intermediate", "draft") else ("target", f.meta["n_layers"])
     target, slim_stream = ep.stream("target"), ep.stream("slim", *slim_cost)
+    resume = _resume_price(ep, cfg, f.meta)  # an escalation after a slim pass: the layers past the shared prefix
     drafter = build_drafter(ep, cfg.drafter, None)
     slim = ep.model(spec, "slim")
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
@@ -259,7 +276,8 @@ def _via_sd(ep: Episode, cfg) -> None:
         t = ep.t
         y, sources = drafter.propose(t, [], policy.next(ep.max_new - t), policy.min_confidence)
         k, route = len(y), escalate_at_once()
-        if cfg.tiers_on:
+        slim_ran = cfg.slim_needed(k, unverified)
+        if slim_ran:  # as via_sd: no slim pass when no outcome depends on it
             slim_stream.call(t, y, last=k + 1)
             g = _gate(ep, slim, spec, t, y, sources, cfg)
             top = slim.argmaxes(g["rows"])  # the slim verifier's greedy tokens: its rewrite at i, its bonus at k
@@ -269,7 +287,7 @@ def _via_sd(ep: Episode, cfg) -> None:
         if route.action == ESCALATE:
             start = route.verify_from
             audited = audit.rows(start) if cfg.audit else 0
-            target.call(t, y, last=k - start + 1 + audited)
+            target.call(t, y, last=k - start + 1 + audited, price=resume if slim_ran else None)
             if audited:
                 back = t - len(audit.pending)  # the pending tokens are the last committed ones
                 greedy = [ep.target.argmax(back + j, []) if back + j < t else ep.target.argmax(t, y[:back + j - t])

@@ -104,13 +104,14 @@ class SimStream:
         if traj.encoder_decoder:
             self._count(len(traj.prompt), 0, 1)
 
-    def _count(self, n: int, ctx: int, last: int) -> None:
+    def _count(self, n: int, ctx: int, last: int, price: Price | None = None) -> None:
         self.stats.calls += 1
         self.stats.tokens += n
-        self.stats.seconds += self.price(n, ctx, last)
+        self.stats.seconds += (price or self.price)(n, ctx, last)
 
-    def call(self, t: int, block: list[int], last: int = 1) -> None:
-        """One ``Stream.logits(seq, last)`` on the sequence ``(t, block)``."""
+    def call(self, t: int, block: list[int], last: int = 1, price: Price | None = None) -> None:
+        """One ``Stream.logits(seq, last)`` on the sequence ``(t, block)`` (``price``: this call's
+        pricing instead of the stream's, e.g. a full pass resuming from a shared prefix)."""
         l0 = len(self.traj.start)
         b, rest = self.traj.normalize(t, block)
         a, tail = self.cached
@@ -125,7 +126,7 @@ class SimStream:
             valid = l0 + a + common
         length = l0 + b + len(rest)
         keep = min(valid, length - last)
-        self._count(length - keep, keep, last)
+        self._count(length - keep, keep, last, price)
         self.cached, self.length = (b, rest), length
 
 

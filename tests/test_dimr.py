@@ -3,6 +3,7 @@ held-out split, objectives, KL geometry (never NaN on widened heads)."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 

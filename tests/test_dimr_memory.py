@@ -5,9 +5,13 @@ torch's own allocation records (the profiler's memory events on CPU) give the pe
 vocabulary, so the full-vocabulary statistics dominate) at two calibration sizes; it matches
 :func:`~viasd.dimr.memory.calibration_peak_bytes` and does not grow with the number of batches
 the way holding every batch's log-probs would.
+The README's paper-pair hardware table is checked against the dry run's plans of the paper cells.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,3 +81,18 @@ def test_dry_run_prints_search_memory_and_refuses_what_does_not_fit(monkeypatch,
     assert "gemma2-2b-9b/dimr_search" in out and "+ stored states" in out and "batch/chunk" in out
     with pytest.raises(ConfigError, match=r"llama2-7b-70b.*needs ~14\d GiB \(bfloat16, weights .* stored states"):
         dr.dry_run(cells, "table1")
+
+
+def test_readme_hardware_table_gives_the_dry_runs_peaks(monkeypatch, tmp_path):
+    """The README's paper-pair table lists decode / search / KL peaks as the dry run plans them."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("VIASD_RUNS_DIR", str(tmp_path / "runs"))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    search = {c.pair.name: dr.plan_cell(c) for c in compose_cells(["+exp=table1", "scale=paper", "search.keep_ratio=0.5"])}
+    kl = {c.pair.name: dr.plan_cell(c) for c in compose_cells(["+exp=fig_kl", "scale=paper", "search.calibration=[xsum]",
+                                                               "pair=" + ",".join(search)])}
+    assert len(search) == 4 and kl.keys() == search.keys()
+    for name, plan in search.items():
+        peaks = (sum(m["gib"] for m in plan.models) * dr.OVERHEAD, plan.need_gib, kl[name].need_gib)  # decode: weights x 1.2
+        row = re.search(rf"^\| `{re.escape(name)}` \|.*$", readme, re.M)
+        assert row and " / ".join(f"{p:.1f}" for p in peaks) + " GiB" in row.group(0), (name, peaks)

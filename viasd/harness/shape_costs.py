@@ -13,10 +13,12 @@ dtype on one device (medians of ``repeats``, each call synchronized):
 * ``graph[ctx][k]``: one forward of the same shape with a ``StaticCache``, eager and replayed
   from a captured CUDA graph; ``launch_share = 1 − graph/eager`` is the share of an eager
   forward that is kernel-launch and Python overhead (CUDA only; elsewhere the eager time and a note);
-* ``search``: one DIMR calibration batch at paper sizes (8 × 256 tokens: the target's and one
-  slim verifier's full-vocabulary log-probs and their KL, :mod:`viasd.dimr.search`), its peak
-  device memory above the weights (``torch.cuda.max_memory_allocated``; CUDA only) and the fp32
-  log-prob bytes a batch holds;
+* ``search``: one DIMR calibration batch at paper sizes (8 × 256 tokens through
+  :class:`~viasd.dimr.calibration.Calibration`: the target's hidden states, then one slim
+  verifier's KL against them, streamed in chunks; no memo), its peak device memory above the
+  weights (``torch.cuda.max_memory_allocated``; CUDA only) next to the estimate of
+  :func:`~viasd.dimr.memory.calibration_peak_bytes` (what the dry run prints), and the fp32
+  log-prob bytes a batch would hold unstreamed;
 
 and per pair the draft/target cost ratio ``c[ctx] = t_draft(1)/t_target(1)``. :func:`measure`
 returns the ``viasd.cost/v1`` document (``docs/cost_file.md``); :func:`cost_table` prints it.
@@ -37,11 +39,12 @@ import torch
 import transformers
 from transformers import StaticCache
 
-from viasd.dimr.calibration import kl
+from viasd.dimr.calibration import Calibration
 from viasd.dimr.masks import every_other_mask
-from viasd.engine.paths import routed_forward
+from viasd.dimr.memory import calibration_peak_bytes, shape_of_model
 from viasd.engine.routing import RoutingPlan, num_layers
-from viasd.engine.stream import Stream, fresh_cache
+from viasd.engine.stream import Stream
+from viasd.models.pairs import ModelPair
 from viasd.models.paper_shapes import build_random, optional_models, paper_pairs, param_count
 
 __all__ = ["SCHEMA", "CONTEXTS", "KS", "KEEPS", "forward_ms", "graph_vs_eager", "search_batch", "measure",
@@ -132,17 +135,15 @@ def graph_vs_eager(model, ctx: int, k: int, repeats: int = 10) -> dict[str, Any]
     return row
 
 
-def _logprobs(model, ids: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
-    """Teacher-forced next-token log-probs ``[B, L, V]`` (float32) of a decoder-only model on ``ids [B, L]``."""
-    logits = routed_forward(model, ids, fresh_cache(model), plan, last=ids.shape[1])
-    return torch.log_softmax(logits.float(), -1)
-
-
 def search_batch(model, keep: float = 0.5, batch: int = SEARCH_BATCH, seq_len: int = SEARCH_SEQ) -> dict[str, Any]:
-    """One DIMR calibration batch (target + one slim verifier's log-probs and KL) and its peak memory."""
+    """One DIMR calibration batch (``batch × seq_len`` tokens; a slim verifier of ``keep``): its KL,
+    measured peak memory above the weights and :func:`calibration_peak_bytes`'s estimate of it."""
     n = num_layers(model)
     plan = RoutingPlan.build(every_other_mask(n, keep), n)
     ids = _ids(model, seq_len, batch)
+    pair = ModelPair(name="paper-shape", target=model, draft=None, tokenizer=None)
+    estimate = calibration_peak_bytes(shape_of_model(model), None, batch * seq_len, batch, seq_len,
+                                      model.dtype.itemsize, memo_mib=0)["total"]
     cuda = model.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -150,11 +151,11 @@ def search_batch(model, keep: float = 0.5, batch: int = SEARCH_BATCH, seq_len: i
         base = torch.cuda.memory_allocated(model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        value = float(kl(_logprobs(model, ids, RoutingPlan.full(n)), _logprobs(model, ids, plan)))
+        value = Calibration(pair, ids.tolist(), batch, need_draft=False, memo_mib=0).statistics(plan)["kl_q_slim"]
     _sync(model.device)
     out = {"batch": batch, "seq_len": seq_len, "keep": keep, "seconds": time.perf_counter() - t0,
            "kl_q_slim": value if math.isfinite(value) else None,
-           "held_gib_per_batch": batch * seq_len * model.config.vocab_size * 4 / GIB}
+           "estimate_gib": estimate / GIB, "held_gib_per_batch": batch * seq_len * model.config.vocab_size * 4 / GIB}
     if cuda:
         out["peak_gib"] = (torch.cuda.max_memory_allocated(model.device) - base) / GIB
     else:
@@ -250,7 +251,7 @@ def cost_table(doc: dict[str, Any]) -> str:
     lines = [f"Paper-shape forward costs on {doc['device']} ({doc['dtype']}, shapes {doc['shapes']}, "
              f"median of {doc['repeats']})", "",
              "| model | ctx | t(1) ms | t(k)/t(1), k = 2…8 | slim/full at k=5, keep 0.5…0.9 | launch share k=1 / 5 "
-             "| search batch peak GiB |", "|---|---|---|---|---|---|---|"]
+             "| search batch peak GiB (formula) |", "|---|---|---|---|---|---|---|"]
     for m, row in doc["models"].items():
         for c in ctxs:
             ratios = " ".join(f"{row['ratio'][c][str(k)]:.2f}" for k in doc["ks"][1:])
@@ -259,7 +260,7 @@ def cost_table(doc: dict[str, Any]) -> str:
                                 for g in row["graph"][c].values())
             peak = row["search"]["peak_gib"]
             lines.append(f"| {m} | {c} | {row['t_ms'][c]['1']:.2f} | {ratios} | {slim} | {shares} | "
-                         f"{'-' if peak is None else f'{peak:.2f}'} |")
+                         f"{'-' if peak is None else f'{peak:.2f}'} ({row['search']['estimate_gib']:.2f}) |")
     for name, p in doc["pairs"].items():
         lines.append(f"\npair {name}: c = t_draft(1)/t_target(1) = "
                      + ", ".join(f"{v:.3f} at ctx {c}" for c, v in p["c"].items()))

@@ -75,10 +75,10 @@ def test_memory_that_cannot_fit_is_one_line(monkeypatch):
 
 def test_gated_model_without_token_when_hub_is_reachable(monkeypatch):
     monkeypatch.setattr(dr, "hub_reachable", lambda: True)
-    monkeypatch.setattr(dr, "_hf_token", lambda: None)
+    monkeypatch.setattr(dr, "hf_token", lambda: None)
     with pytest.raises(ConfigError, match="gated model.*huggingface-cli login"):
         dr.plan_cell(_paper_cell(pair="gemma2-2b-9b"))
-    monkeypatch.setattr(dr, "_hf_token", lambda: "hf_x")
+    monkeypatch.setattr(dr, "hf_token", lambda: "hf_x")
     assert dr.plan_cell(_paper_cell(pair="gemma2-2b-9b")).models[0]["gated"]
 
 
@@ -106,7 +106,7 @@ def test_cli_dry_run_exit_codes(tmp_path):
 
 def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch, capsys):
     """The Qwen pair's plan comes from pinned counts (untied GGUF heads), never from loading 9 GB."""
-    monkeypatch.setattr(dr, "_built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
+    monkeypatch.setattr(dr, "built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
     [cell] = [c for c in compose_cells(["+exp=table2", "scale=cpu-large", "task=humaneval", "method=via_sd"])]
     plan = dr.plan_cell(cell)
     params = {m["role"]: m["params"] for m in plan.models}
@@ -118,7 +118,7 @@ def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch,
 def test_every_cpu_large_grid_plans_on_the_qwen_pair(exp, monkeypatch, capsys):
     """Each cpu-large grid composes on the Qwen-Coder pair, names distinct runs, and every cell fits
     beside a second one in 24 GiB: table4's independent verifier is the 0.5B draft, counted once."""
-    monkeypatch.setattr(dr, "_built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
+    monkeypatch.setattr(dr, "built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
     cells = compose_cells([f"+exp={exp}", "scale=cpu-large", "dry_run=true"])
     plans = dr.dry_run(cells, exp)
     assert {c.pair.name for c in cells} == {"qwen2.5-coder-0.5b-1.5b"}

@@ -23,10 +23,7 @@ what the grid would stop on before its first cell (:func:`viasd.harness.prereq.n
 from __future__ import annotations
 
 import json
-import os
-import socket
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,37 +32,25 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from viasd.dimr.calibration import resolve_runs
 from viasd.dimr.memory import cell_peak
 from viasd.errors import ConfigError
+from viasd.harness.model_sizes import (  # noqa: F401  (KNOWN_PARAMS, GATED re-exported)
+    BYTES,
+    GATED,
+    GIB,
+    HUB_ROWS,
+    KNOWN_PARAMS,
+    built_params,
+    hf_token,
+    hub_reachable,
+    model_params,
+    visible_gpus_gib,
+)
 from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
 from viasd.models.gguf_index import converted_dir, index_model
 from viasd.tasks.loading import is_commit
 
 __all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
-# Parameter counts of the paper models (from their configs), so the estimate needs no download.
-KNOWN_PARAMS: dict[str, int] = {
-    "google/gemma-2-2b-it": 2_614_341_888,
-    "google/gemma-2-9b-it": 9_241_705_984,
-    "meta-llama/Llama-2-7b-chat-hf": 6_738_415_616,
-    "meta-llama/Llama-2-70b-chat-hf": 68_976_648_192,
-    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
-    "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
-    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
-    "google/flan-t5-small": 76_961_152,
-    "google/flan-t5-base": 247_577_856,
-    "google/flan-t5-large": 783_150_080,
-    "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
-    # The package-index GGUFs carry an untied output matrix (viasd.models.index_specs): more than the hub configs.
-    "Qwen/Qwen2.5-Coder-0.5B-Instruct (GGUF)": 630_167_424,
-    "Qwen/Qwen2.5-Coder-1.5B-Instruct (GGUF)": 1_777_088_000,
-}
-# Hub ids whose licence must be accepted on the model page before a token can download them.
-GATED: tuple[str, ...] = ("meta-llama/", "google/gemma")
-# Rows of each task's pinned hub split (for the data line when the hub is the source).
-HUB_ROWS: dict[str, int] = {"xsum": 11334, "cnndm": 11490, "wmt14_deen": 3003, "gsm8k": 1319, "nq_open": 3610,
-                            "squad": 10570, "humaneval": 164, "mbpp": 500}
-BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
 OVERHEAD = 1.2  # weights x 1.2: KV cache and activations of one sequence at paper lengths
-GIB = 1024**3
 
 
 @dataclass
@@ -82,72 +67,6 @@ class CellPlan:
     notes: list[str] = field(default_factory=list)
     mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
     memory_basis: str = f"weights x {OVERHEAD}"
-
-
-def visible_gpus_gib() -> list[float]:
-    """Memory of each visible GPU in GiB; ``VIASD_DRYRUN_GPUS=80,80`` overrides (planning, tests)."""
-    env = os.environ.get("VIASD_DRYRUN_GPUS")
-    if env is not None:
-        return [float(x) for x in env.split(",") if x.strip()]
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_properties(i).total_memory / GIB for i in range(torch.cuda.device_count())]
-
-
-@cache
-def hub_reachable() -> bool:
-    """Whether huggingface.co answers on port 443 within 2 s (False with ``HF_HUB_OFFLINE=1``)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return False
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-def _hf_token() -> str | None:
-    try:
-        from huggingface_hub import get_token
-
-        return get_token()
-    except Exception:  # an old huggingface_hub: fall back to the environment
-        return os.environ.get("HF_TOKEN")
-
-
-@cache
-def _local_params(path: str, trust_remote_code: bool) -> int:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    mcfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    auto = AutoModelForSeq2SeqLM if getattr(mcfg, "is_encoder_decoder", False) else AutoModelForCausalLM
-    with init_empty_weights():
-        model = auto.from_config(mcfg, trust_remote_code=trust_remote_code)
-    return sum(p.numel() for p in model.parameters())
-
-
-@cache
-def _built_params(pair_json: str) -> dict[str, int]:
-    from viasd.models.pairs import load_pair
-
-    pair = load_pair(json.loads(pair_json))
-    return {role: sum(p.numel() for p in m.parameters())
-            for role, m in (("draft", pair.draft), ("target", pair.target), ("intermediate", pair.intermediate))
-            if m is not None}
-
-
-def _model_params(model_id: str, pair_name: str, trust_remote_code: bool) -> int:
-    if model_id in KNOWN_PARAMS:
-        return KNOWN_PARAMS[model_id]
-    if (Path(model_id).expanduser() / "config.json").is_file():
-        return _local_params(str(Path(model_id).expanduser()), trust_remote_code)
-    raise ConfigError(
-        f"pair {pair_name!r}: no parameter count for model {model_id!r} (unknown to viasd.harness.dryrun.KNOWN_PARAMS "
-        "and not a local folder with config.json); fix the id, add it to KNOWN_PARAMS, or download it first"
-    )
 
 
 def _shares_draft(pair: dict[str, Any]) -> bool:
@@ -177,7 +96,7 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
             d = spec.get("dtype") or dtype
             if d not in BYTES:
                 raise ConfigError(f"pair {name!r}: unknown dtype {d!r}; use one of float32, bfloat16, float16")
-            n = _model_params(spec["id"], name, bool(pair.get("trust_remote_code")))
+            n = model_params(spec["id"], name, bool(pair.get("trust_remote_code")))
             rows.append({"role": role, "id": spec["id"], "revision": spec.get("revision") or "main", "dtype": d,
                          "device": device, "params": n, "gib": n * BYTES[d] / GIB,
                          "gated": spec["id"].startswith(GATED)})
@@ -200,12 +119,12 @@ def _models(pair: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
             model = index_model(spec["id"])
             n = KNOWN_PARAMS.get(f"{model.hub_id} (GGUF)")
             if n is None:
-                n = _model_params(str(converted_dir(model)), name, False)
+                n = model_params(str(converted_dir(model)), name, False)
             label = f"{model.name} (GGUF in {len(model.parts)} wheels from {model.parts[0].package})"
             rows.append({"role": role, "id": label, "revision": "-",
                          "dtype": dtype, "device": device, "params": n, "gib": n * BYTES[dtype] / GIB, "gated": False})
     else:
-        counts = _built_params(json.dumps({**pair, "dtype": "float32"}, sort_keys=True))
+        counts = built_params(json.dumps({**pair, "dtype": "float32"}, sort_keys=True))
         for role, n in counts.items():
             rows.append({"role": role, "id": f"{loader}:{pair.get('family', '')}", "revision": "-", "dtype": dtype,
                          "device": device, "params": n, "gib": n * BYTES.get(dtype, 4) / GIB, "gated": False})
@@ -332,7 +251,7 @@ def _check_access(plan: CellPlan) -> None:
             continue
         if not hub_reachable():
             plan.notes.append(f"{m['id']} is gated (licence + HF token); hub unreachable, token not checked")
-        elif not _hf_token():
+        elif not hf_token():
             raise ConfigError(
                 f"{m['id']} is a gated model and no Hugging Face token is set: accept its licence on "
                 f"https://huggingface.co/{m['id']} and run `huggingface-cli login` (or export HF_TOKEN)"

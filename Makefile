@@ -9,6 +9,7 @@
 #   TORCH_INDEX  extra package index for the cpu wheel (default PyTorch's CPU index)
 #   ARGS         Hydra overrides for `make run` instead of the main job, e.g. ARGS="pair=tiny-llama method=sd"
 #   PYTEST_ARGS  arguments for pytest in `make test`
+#   TEST_WORKERS pytest-xdist workers for `make test` (default 2: the CI machine's cores; 0 runs in one process)
 #   PYTHON       the interpreter that creates .venv (default python3)
 # The install step runs again only when pyproject.toml changes or TORCH changes (stamp file).
 
@@ -19,6 +20,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 ARGS        ?=
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 ifeq ($(TORCH),auto)
 TORCH_KIND := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
@@ -49,7 +51,7 @@ run: $(STAMP)
 	$(VPY) -m experiments.run $(if $(strip $(ARGS)),$(ARGS),+exp=main)
 
 test: $(STAMP)
-	WANDB_MODE=disabled $(VPY) -m pytest $(PYTEST_ARGS)
+	WANDB_MODE=disabled $(VPY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -108,7 +108,9 @@ def test_ctrl_c_leaves_an_unfinished_run_and_says_where(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "experiments.run", "pair=tiny-llama", "method=sd",
                              "generation.max_new_tokens=2000", "generation.ignore_eos=true"],
                             cwd=tmp_path, env={**env, "PYTHONPATH": str(PROJECT_ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            # a pytest-xdist worker ignores SIGINT, and an ignored signal stays ignored across exec
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     chunks: list[bytes] = []
     in_loop = threading.Event()
 

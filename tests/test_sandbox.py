@@ -55,7 +55,7 @@ def _failed(r: SandboxResult) -> bool:
 def _leftover_dirs() -> set[Path]:
     """Sandbox work directories in the host's /tmp and per-sample cgroups."""
     support = cgroups.cgroup_support()
-    found = set(Path(tempfile.gettempdir()).glob("viasd-sbx-*"))
+    found = set(Path(tempfile.gettempdir()).glob(f"viasd-sbx-{os.getpid()}-*"))  # this process's samples only
     for parent in support[1].values() if support else []:
         found |= set(parent.glob(f"viasd-sbx-{os.getpid()}-*"))  # this process's samples only
     return found

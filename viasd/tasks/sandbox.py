@@ -280,7 +280,7 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
     uid: int | None = None
     fds: list[int] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="viasd-sbx-")
+        workdir = tempfile.mkdtemp(prefix=f"viasd-sbx-{os.getpid()}-")  # the scorer's pid: whose leftovers
         Path(workdir, "program.py").write_text(code, encoding="utf-8")
         Path(workdir, "checks.py").write_text(checks, encoding="utf-8")
         mb = 1024 * 1024

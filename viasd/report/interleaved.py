@@ -1,6 +1,7 @@
-"""The main job's table (``+exp=main``, ``make run``): every interleaved cell against the ``ar``
-cell of its group on the same examples — tokens/s, speedup, how many outputs are ``ar``'s token
-for token, quality (:func:`viasd.report.shared.write_shared`)."""
+"""Tables of interleaved exps — the main job (``+exp=main``, ``make run``) and the verdict
+(``+exp=verdict``): every cell against the ``ar`` cell of its group on the same examples — tokens/s,
+speedup with its interval, the load-free predicted speedup, how many outputs are ``ar``'s token for
+token, quality with its paired difference and p-value (:func:`viasd.report.shared.write_shared`)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,32 @@ from viasd.report.shared import write_shared
 
 @REPORTS.register("main")
 def main_table(runs, missing, out, store, scale) -> list[str]:
+    return _groups_table("main", "The main job: the built-in prompts, each method interleaved with ar",
+                         runs, missing, out, store, scale)
+
+
+@REPORTS.register("verdict")
+def verdict_table(runs, missing, out, store, scale) -> list[str]:
+    return _groups_table("verdict", "The verdict: each method interleaved with ar, problem by problem",
+                         runs, missing, out, store, scale)
+
+
+def _groups_table(exp: str, title: str, runs, missing, out, store, scale) -> list[str]:
+    """One table per interleaved group (its ``ar`` cell), named ``<exp>`` or ``<exp>_<task>``."""
     groups: dict[str, list[str]] = {}
     for r in runs:
         if r["ar"] is not None:
             groups.setdefault(r["ar"]["run_id"], []).append(r["run_id"])
-    title = "The main job: the built-in prompts, each method interleaved with ar"
     if not groups:
         rows = [[r["summary"].get("method"), r["run_id"], r["summary"].get("tokens_per_s")] for r in runs]
-        return write_table(out, "main", title, ["method", "run", "tokens/s"], rows, runs, missing, scale=scale)
-    paths = []
+        return write_table(out, exp, title, ["method", "run", "tokens/s"], rows, runs, missing, scale=scale)
+    paths, tasks = [], [ar_id.split("__")[2] for ar_id in groups]
     for i, (ar_id, ids) in enumerate(groups.items()):
-        name = "main" if len(groups) == 1 else f"main_{i + 1}"
+        if len(groups) == 1:
+            name = exp
+        elif len(set(tasks)) == len(tasks):
+            name = f"{exp}_{tasks[i]}"
+        else:
+            name = f"{exp}_{i + 1}"
         paths += write_shared(out, name, title, store, ar_id, [x for x in ids if x != ar_id], scale)
     return paths

@@ -31,6 +31,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
+from tqdm.auto import tqdm
 
 import viasd.harness  # noqa: F401  (registers the config schemas the method YAMLs extend)
 from experiments.trace import argv_or_help
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             cost = None  # expected counters: no per-call trace to price
         ar_s = replay(traces, Policy("ar", ARConfig()), cost, idx)["wall_s"] if cost else None
         t0, results = time.perf_counter(), []
-        for p in policies:
+        for p in tqdm(policies, desc=f"replay {ctl['run']}", unit="policy", disable=len(policies) < 2):
             results.append(replay(traces, p, cost, idx, ar_s))
         dt = time.perf_counter() - t0
     print(table(results))

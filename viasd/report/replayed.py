@@ -33,6 +33,14 @@ def _share(r: dict[str, Any]) -> str:
     return " / ".join(f"{100 * r[f'tier_share/tier{t}']:.0f}%" for t in (1, 2, 3))
 
 
+def _drafter(r: dict[str, Any]) -> str:
+    """The drafter a replayed policy used (its ``method.drafter.name`` override, else the method's default)."""
+    for o in r.get("overrides", []):
+        if o.startswith(("method.drafter.name=", "drafter@method.drafter=")):
+            return o.split("=", 1)[1]
+    return {"sd_ngram": "ngram", "sd_hybrid": "hybrid"}.get(r.get("method"), "model")
+
+
 def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: str, scale: str = "") -> list[str]:
     """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources) of a replayed frontier under ``out``."""
     import matplotlib.pyplot as plt
@@ -47,18 +55,34 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
             "trajectory (load-free). Precision: share of a tier's tokens equal to the target's greedy token, Wilson "
             "95% interval and n tokens. A policy is exact up to its first divergence from the trajectory.")
     paths = write_table(out, name, f"Replayed frontier ({len(results)} policies)", HEADER, rows, runs, [], note, scale)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = {"ngram": "C0", "hybrid": "C1", "model": "C2"}
     for r in results:
         sp = r.get("predicted_speedup", math.nan)
         lossless = "tier_share/tier1" not in r
-        style = dict(marker="s" if lossless else "o", ms=3, color="C3" if lossless else "C0", alpha=0.7)
-        axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="", **style)
+        drafter = _drafter(r)
+        color = "C3" if lossless else colors.get(drafter, "C7")
+        axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="", marker="s" if lossless else "o",
+                     ms=5 if lossless else 3, color=color, alpha=0.8)
         n1 = r.get("precision/tier1_n", 0)
         if n1:
             p, lo, hi = (r[f"precision/tier1{s}"] for s in ("", "_lo", "_hi"))
-            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=3, color="C0", alpha=0.6, capsize=1)
+            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=3, color=color, alpha=0.6, capsize=1)
+    named = sorted((r.get("predicted_speedup", math.nan), r["method"]) for r in results
+                   if "method=via_sd" not in r.get("overrides", []) and not any("gamma" in o for o in r.get("overrides", [])))
+    top = max([r.get("divergences_per_100") or 0 for r in results] + [1.0])
+    for i, (sp, method) in enumerate(named):  # the lossless methods named, staggered above their squares
+        axes[0].annotate(method, (sp, 0), xytext=(sp, top * (0.35 + 0.15 * (i % 4))), fontsize=7, ha="center",
+                         color="C3", arrowprops=dict(arrowstyle="-", color="C3", lw=0.5),
+                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
     axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
-    axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95%)")
-    fig.suptitle(f"replayed frontier over {run_id} (squares: lossless methods)", fontsize=8)
+    axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)")
+    handles = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=f"via_sd, {d} drafter") for d, c in colors.items()]
+    handles.append(Line2D([], [], ls="", marker="s", ms=5, color="C3", label="lossless (sd, sd_ngram, sd_hybrid,\n"
+                          "cascade_sd; via_sd with tiers off)"))
+    axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    fig.suptitle(f"replayed frontier over {run_id}", fontsize=8)
     fig.tight_layout()
     return paths + save_figure(fig, out, name, runs, [], scale)

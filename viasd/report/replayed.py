@@ -80,8 +80,8 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
     axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)")
     handles = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=f"via_sd, {d} drafter") for d, c in colors.items()]
-    handles.append(Line2D([], [], ls="", marker="s", ms=5, color="C3", label="lossless (sd, sd_ngram, sd_hybrid,\n"
-                          "cascade_sd; via_sd with tiers off)"))
+    handles.append(Line2D([], [], ls="", marker="s", ms=5, color="C3", label="lossless methods (sd, sd_ngram,\n"
+                          "sd_hybrid, cascade_sd)"))
     axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     fig.suptitle(f"replayed frontier over {run_id}", fontsize=8)
     fig.tight_layout()

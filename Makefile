@@ -9,7 +9,8 @@
 #   TORCH_INDEX  extra package index for the cpu wheel (default PyTorch's CPU index)
 #   ARGS         Hydra overrides for `make run` instead of the main job, e.g. ARGS="pair=tiny-llama method=sd"
 #   PYTEST_ARGS  arguments for pytest in `make test`
-#   TEST_WORKERS pytest-xdist workers for `make test` (default 2: the CI machine's cores; 0 runs in one process)
+#   TEST_WORKERS pytest-xdist workers for `make test` (default 2: the CI machine's cores; whole files per worker,
+#                in file order; 0 runs in one process)
 #   PYTHON       the interpreter that creates .venv (default python3)
 # The install step runs again only when pyproject.toml changes or TORCH changes (stamp file).
 
@@ -51,7 +52,7 @@ run: $(STAMP)
 	$(VPY) -m experiments.run $(if $(strip $(ARGS)),$(ARGS),+exp=main)
 
 test: $(STAMP)
-	WANDB_MODE=disabled $(VPY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+	WANDB_MODE=disabled $(VPY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -31,6 +31,9 @@ import pytest
 from viasd.models.tiny import build_tiny_pair
 from viasd.paths import PROJECT_ROOT
 
+# The commands build on each other (a line reads what an earlier one wrote): they run in file order on one
+# xdist worker (`make test` distributes whole files: --dist loadfile).
+
 README = PROJECT_ROOT / "README.md"
 LIMITS = {
     "run": ["task.n_examples=1", "generation.max_new_tokens=4"],

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from experiments import compare
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
-from viasd.report.shared import shared_table
+from viasd.report.shared import HEADER, shared_table
 from viasd.tracking.store import RunStore
 
 BASE = ["pair=tiny-llama", "task=prompts", "generation.max_new_tokens=6"]
@@ -26,9 +26,16 @@ def test_sd_on_a_nested_subset_is_compared_with_ar_on_the_same_examples(runs_dir
     ngram = _run("method=sd_ngram", "task.n_examples=3")
     rows, runs, note = shared_table(RunStore(runs_dir), ar["run_id"], [sd["run_id"], ngram["run_id"]])
     assert [r[0] for r in rows] == ["ar", "sd", "sd_ngram"] and [r[2] for r in rows] == [4, 2, 3]
-    assert rows[1][9] == "2/2" and rows[2][9] == "3/3"  # lossless: every shared example has ar's tokens
+    same = HEADER.index("examples == ar tokens")
+    assert rows[1][same] == "2/2" and rows[2][same] == "3/3"  # lossless: every shared example has ar's tokens
     ar_examples = {e["id"]: e for e in RunStore(runs_dir).examples(ar["run_id"])}
     sd_examples = RunStore(runs_dir).examples(sd["run_id"])
+    # process CPU seconds per example, and the speedup in them beside the wall-clock one
+    assert all(e["cpu_s"] > 0 for e in [*sd_examples, *ar_examples.values()])
+    cpu = rows[1][HEADER.index("CPU-time speedup [95% CI]")]
+    ar_cpu = sum(ar_examples[e["id"]]["new_tokens"] for e in sd_examples) / sum(
+        ar_examples[e["id"]]["cpu_s"] for e in sd_examples)
+    assert cpu.startswith(f"{sum(e['new_tokens'] for e in sd_examples) / sum(e['cpu_s'] for e in sd_examples) / ar_cpu:.2f} [")
     ar_rate = sum(ar_examples[e["id"]]["new_tokens"] for e in sd_examples) / sum(
         ar_examples[e["id"]]["wall_s"] for e in sd_examples)
     sd_rate = sum(e["new_tokens"] for e in sd_examples) / sum(e["wall_s"] for e in sd_examples)
@@ -71,3 +78,20 @@ def test_a_methods_own_input_file_is_not_part_of_the_workload():
     with_mid = {**via, "pair": {"name": "p", "intermediate": {"id": "qwen2.5-coder-0.5b-instruct"}}}
     assert workload_key(ar) == workload_key(with_mid)
     assert workload_key(ar) != workload_key({**with_mid, "pair": {"name": "q"}})
+
+
+def test_cpu_time_speedup_pairs_only_the_examples_both_runs_timed(tmp_path):
+    """Examples of runs made before ``cpu_s`` was recorded are left out of the CPU-time speedup (its own n),
+    not of the wall-clock one; a wall clock that ran through a pause moves only the latter."""
+    from viasd.analysis.paired import compare_to_ar
+
+    def ex(i, wall, cpu=None, tokens=100):
+        return {"id": f"p{i}", "new_tokens": tokens, "wall_s": wall, "token_ids": [1], **({"cpu_s": cpu} if cpu else {})}
+
+    ar = {"run_id": "ar", "config": {}, "meta": {}, "summary": {"method": "ar", "task": "prompts"},
+          "examples": [ex(0, 10.0), ex(1, 10.0, 10.0), ex(2, 10.0, 10.0)]}
+    sd = {"run_id": "sd", "config": {}, "meta": {}, "summary": {"method": "sd", "task": "prompts"},
+          "examples": [ex(0, 5.0), ex(1, 500.0, 5.0), ex(2, 5.0, 5.0)]}  # p1: the machine paused mid-decode
+    cmp = compare_to_ar(RunStore(tmp_path), sd, ar)
+    assert cmp["n"] == 3 and cmp["cpu"].n == 2 and abs(cmp["cpu"].estimate - 2.0) < 1e-9
+    assert cmp["speedup"].estimate < 0.1

@@ -6,7 +6,10 @@ superset of the examples). :func:`compare_to_ar` pairs the two per example:
 
 * speed — the wall-clock speedup (tokens/s over ``ar``'s on the shared examples) with a bootstrap
   95% interval over examples, and the *predicted* (load-free) speedup of the cost model on the
-  same examples (:func:`~viasd.analysis.cost.predict_example`), with its interval;
+  same examples (:func:`~viasd.analysis.cost.predict_example`), with its interval; and the
+  CPU-time speedup (process CPU seconds per example, ``cpu_s``, recorded since runs started
+  carrying it: a descheduled process or a paused VM stops that clock, not the wall clock) over the
+  shared examples both runs timed (its own ``n``);
 * quality — the paired difference of the primary score with McNemar's exact p (binary scores) or
   a paired bootstrap interval and Wilcoxon p (continuous ones);
 * the lossless promise — how many examples have exactly ``ar``'s tokens.
@@ -141,6 +144,12 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
         roots = dict.fromkeys([Path(run.get("root") or store.root), Path(store.root)])  # the run's own store first
         cost = next((c for r in roots if (c := find_cost(r, s.get("pair", ""), run["meta"].get("runtime"),
                                                          run["meta"].get("threads"))) is not None), None)
+    timed = [i for i in ids if by_id[i].get("cpu_s") and ar_by_id[i].get("cpu_s")]
+    cpu = Paired(0, math.nan, test="process CPU time")
+    if timed:
+        cpu_col = (lambda rows, key: [float(rows[i][key]) for i in timed])
+        cpu = speedup_ci(cpu_col(by_id, "new_tokens"), cpu_col(by_id, "cpu_s"), cpu_col(ar_by_id, "new_tokens"),
+                         cpu_col(ar_by_id, "cpu_s"))
     predicted = Paired(len(ids), math.nan, test="cost model")
     if cost is not None and ids:
         pr, pa = predicted_seconds(cost, run, ar, ids), predicted_seconds(cost, ar, ar, ids)
@@ -151,7 +160,7 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     quality = quality_delta([a for a, _ in pairs], [b for _, b in pairs]) if pairs else Paired(0, math.nan)
     same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
     metric = PRIMARY.get(task) or next(iter((run["examples"][0].get("score") or {}) if run["examples"] else {}), "")
-    return {"n": len(ids), "ids": ids, "speedup": speed, "predicted": predicted, "quality": quality,
+    return {"n": len(ids), "ids": ids, "speedup": speed, "cpu": cpu, "predicted": predicted, "quality": quality,
             "metric": metric if pairs else "", "same_tokens": same,
             "quality_mean": sum(a for a, _ in pairs) / len(pairs) if pairs else math.nan,
             "ar_quality_mean": sum(b for _, b in pairs) / len(pairs) if pairs else math.nan}

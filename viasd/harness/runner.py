@@ -197,12 +197,14 @@ class Cell:
         """Decode example ``i`` and append its record (``extra`` fields added); returns the result."""
         t0 = time.perf_counter()
         text = self.task.render(ex, pair.tokenizer)
+        c0 = time.process_time()
         res = decode(pair, pair.encode(text), self.method, self.mcfg, self.gen, seed=int(self.cfg.seed) + i)
+        cpu_s = time.process_time() - c0  # CPU seconds of this process: descheduling and VM pauses do not count
         pred = self.task.postprocess(res.text)
         self.results.append(res.summary())
         self.predictions.append(pred)
         record = {"id": ex.id, "prompt": text, "prediction": pred, "raw_output": res.text,
-                  "reference": ex.reference, "token_ids": res.tokens, **extra, **res.summary()}
+                  "reference": ex.reference, "token_ids": res.tokens, **extra, **res.summary(), "cpu_s": cpu_s}
         self.run_dir.log_example(record)
         if self.wb is not None:
             self.wb.log_example(i, record)

@@ -8,7 +8,8 @@ everything but the method and the subset size). This module owns that comparison
 
 * speed: tokens/s summed over the shared example ids only (new tokens / decode seconds), its
   ratio to the ``ar`` run's on the same ids with a bootstrap 95% interval over examples, and the
-  cost model's load-free prediction of that ratio (when the pair's cost file is in the store);
+  cost model's load-free prediction of that ratio (when the pair's cost file is in the store), and
+  the same ratio in process CPU seconds (``cpu_s``, where both runs recorded it);
 * the lossless promise: per example, are the token ids those of ``ar``?
 * quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …), the
   paired difference to ``ar`` with its interval and p-value (McNemar exact for binary scores,
@@ -30,7 +31,7 @@ from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
 HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup vs ar (same examples)",
-          "speedup 95% CI", "predicted speedup [95% CI]", "rejection rate", "examples == ar tokens",
+          "speedup 95% CI", "predicted speedup [95% CI]", "CPU-time speedup [95% CI]", "rejection rate", "examples == ar tokens",
           "quality (same examples)", "ar quality (same examples)", "Δ quality [95% CI]", "p vs ar (test)"]
 
 
@@ -53,9 +54,11 @@ def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any]) -> list[Any]:
     secs = sum(by_id[i]["wall_s"] for i in ids)
     drafted = sum(by_id[i].get("drafted", 0) for i in ids)
     rejected = sum(by_id[i].get("rejected", 0) for i in ids)
-    cells = paired_cells(cmp)
+    cells, cpu = paired_cells(cmp), cmp["cpu"]
+    cpu_cell = (f"{cpu.estimate:.2f} {cpu.interval()}" + (f" (n={cpu.n})" if cpu.n != len(ids) else "")
+                if not math.isnan(cpu.estimate) else "– (no cpu_s)")
     return [run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
-            cmp["speedup"].estimate, *cells[:2], rejected / drafted if drafted else math.nan,
+            cmp["speedup"].estimate, *cells[:2], cpu_cell, rejected / drafted if drafted else math.nan,
             f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
 
 
@@ -93,7 +96,9 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
             f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
             f"seconds summed over those examples. Intervals: bootstrap 95% over examples (speedups, continuous "
             f"quality); p: exact McNemar for binary scores, Wilcoxon signed-rank otherwise. The predicted speedup "
-            f"prices each example's forward calls with the pair's measured cost file (load-free)."
+            f"prices each example's forward calls with the pair's measured cost file (load-free); the CPU-time "
+            f"speedup divides process CPU seconds (`cpu_s`; one torch thread), which a descheduled process or a "
+            f"paused machine does not advance, where the wall clock does."
             + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else ""))
     return rows, runs, note
 

@@ -111,3 +111,11 @@ def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(run
     assert sd["run_id"] in printed and "mean |error|" in printed
     rows = cost_cmd.validate(__import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir))
     assert {r["method"] for r in rows} == {"ar", "sd"} and all(r["predicted"] > 0 for r in rows)
+    assert all(r["cpu n"] == 2 and r["cpu"] > 0 for r in rows if r["method"] == "sd")  # cpu_s of both runs
+    # a run still being decoded (an interleaved cell): left out, unless --unfinished asks for it
+    (runs_dir / sd["run_id"] / "summary.json").unlink()
+    store = __import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir)
+    assert {r["method"] for r in cost_cmd.validate(store)} == {"ar"}
+    rows = cost_cmd.validate(store, unfinished=True)
+    assert {r["method"] for r in rows} == {"ar", "sd"} and next(r for r in rows if r["method"] == "sd")["n"] == 2
+    assert cost_cmd.main(["--runs-dir", str(runs_dir), "--unfinished"]) == 0 and sd["run_id"] in capsys.readouterr().out

@@ -102,3 +102,13 @@ def speedup_ci(tokens: list[float], seconds: list[float], ar_tokens: list[float]
         return Paired(len(data[0]), math.nan, test="bootstrap")
     lo, hi = _bootstrap(data, ratio)
     return Paired(len(data[0]), float(ratio(*data)), lo, hi, test="bootstrap over examples")
+
+
+def share_ci(part: list[float], total: list[float]) -> Paired:
+    """``Σ part / Σ total`` over examples (e.g. one tier's share of the emitted tokens) with a
+    bootstrap 95% interval over examples (each example's ``part`` and ``total`` resampled together)."""
+    data = (np.asarray(part, dtype=float), np.asarray(total, dtype=float))
+    if not len(data[0]) or data[1].sum() <= 0:
+        return Paired(len(data[0]), math.nan, test="bootstrap")
+    lo, hi = _bootstrap(data, lambda p, t, axis=-1: p.sum(axis) / t.sum(axis))
+    return Paired(len(data[0]), float(data[0].sum() / data[1].sum()), lo, hi, test="bootstrap over examples")

@@ -8,6 +8,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from viasd.analysis.stats import Paired, share_ci
 from viasd.report.common import (
     PAIRED_HEADER,
     PAIRED_NOTE,
@@ -21,7 +22,15 @@ from viasd.report.common import (
     stat,
     write_table,
 )
-from viasd.tracking.baseline import ar_index, matched_ar, quality, speedup, tier_shares, workload_key
+from viasd.tracking.baseline import (
+    ar_index,
+    matched_ar,
+    quality,
+    speedup,
+    tier_counts,
+    tier_shares,
+    workload_key,
+)
 from viasd.tracking.store import RunStore
 
 
@@ -82,19 +91,31 @@ def fig_tiers(runs, missing, out, store, scale):
     fig, ax = plt.subplots(figsize=(5, 3))
     groups = repeat_groups(runs)
     labels = [g[0]["summary"]["task"] for g in groups]
-    shares = [{t: stat([tier_shares(r["summary"])[t] for r in g]) for t in ("tier1", "tier2", "tier3")} for g in groups]
+    shares = [_tier_share_cis(store, g) for g in groups]
     bottom = [0.0] * len(groups)
     names = {"tier1": "tier 1: draft accepted", "tier2": "tier 2: slim rewrote", "tier3": "tier 3: full model"}
     for tier in ("tier1", "tier2", "tier3"):
-        vals = [float(s[tier]) for s in shares]
-        ax.bar(labels, vals, bottom=bottom, label=names[tier], yerr=[s[tier].ci for s in shares], capsize=2)
+        vals = [s[tier].estimate for s in shares]
+        ax.bar(labels, vals, bottom=bottom, label=names[tier], capsize=2,
+               yerr=[[v - s[tier].lo for v, s in zip(vals, shares)], [s[tier].hi - v for v, s in zip(vals, shares)]])
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("share of emitted tokens")
     _legend_outside(ax)
-    ax.set_title(f"VIA-SD: tokens per tier ({scale})")
+    ax.set_title(f"VIA-SD: tokens per tier ({scale}; bars: 95% CI over examples)", fontsize=9)
     plt.setp(ax.get_xticklabels(), rotation=20)
     paths = save_figure(fig, out, "fig_tiers", runs, missing, scale)
     return paths + _via_table(out, "fig_tiers", "VIA-SD tokens per tier", runs, missing, scale, "", [], store)
+
+
+def _tier_share_cis(store: RunStore, group: list[dict]) -> dict[str, Paired]:
+    """Each tier's share of the emitted tokens over the examples of a repeat group, with its bootstrap
+    interval over examples (:func:`~viasd.analysis.stats.share_ci`)."""
+    counts = [tier_counts(e) for r in group for e in (store.examples(r["run_id"]) if store is not None else [])]
+    total = [float(sum(c.values())) for c in counts]
+    if not sum(total):  # no example records: the repeats' mean share, without an interval
+        return {t: Paired(0, float(stat([tier_shares(r["summary"])[t] for r in group])), math.nan, math.nan)
+                for t in ("tier1", "tier2", "tier3")}
+    return {t: share_ci([c[t] for c in counts], total) for t in ("tier1", "tier2", "tier3")}
 
 
 def _ref_runs(runs: list[dict], store: RunStore) -> list[dict]:
@@ -242,20 +263,23 @@ def fig_dimr(runs, missing, out, store, scale):
 @REPORTS.register("fig_gap")
 def fig_gap(runs, missing, out, store, scale):
     plt, sns = _plot_setup()
-    by_pair: dict[str, dict[str, Stat]] = {}
+    by_pair: dict[str, dict[str, Paired]] = {}
     for g in repeat_groups(runs):
         s = g[0]["summary"]
-        by_pair.setdefault(s["pair"], {})[s["method"]] = stat([r["speedup"] for r in g])
+        cmp = paired_group(store, g) if store is not None else None  # per-example bootstrap, repeats pooled
+        by_pair.setdefault(s["pair"], {})[s["method"]] = (
+            cmp["speedup"] if cmp else Paired(len(g), float(stat([r["speedup"] for r in g])), math.nan, math.nan))
     pairs = list(by_pair)
     fig, ax = plt.subplots(figsize=(5, 3))
     for m in ("sd", "via_sd"):
-        vals = [by_pair[p].get(m, Stat(math.nan)) for p in pairs]
-        ax.errorbar(pairs, [float(v) for v in vals], yerr=[getattr(v, "ci", 0.0) for v in vals], marker="o",
-                    capsize=2, label=m)
+        vals = [by_pair[p].get(m, Paired(0, math.nan)) for p in pairs]
+        est = [v.estimate for v in vals]
+        ax.errorbar(pairs, est, yerr=[[e - v.lo for e, v in zip(est, vals)], [v.hi - e for e, v in zip(est, vals)]],
+                    marker="o", capsize=2, label=m)
     _ar_line(ax, "y")
     ax.set(xlabel="pair (growing verifier/draft capacity gap)", ylabel="speedup over ar (×)")
     _legend_outside(ax)
-    ax.set_title(f"gain vs capacity gap ({scale})")
+    ax.set_title(f"gain vs capacity gap ({scale}; bars: 95% CI over examples)", fontsize=9)
     return save_figure(fig, out, "fig_gap", runs, missing, scale)
 
 

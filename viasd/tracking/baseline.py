@@ -111,10 +111,17 @@ def target_calls_per_token(summary: dict[str, Any]) -> float:
     return 1.0 / float(tpc) if tpc else math.nan
 
 
+def tier_counts(s: dict[str, Any]) -> dict[str, int]:
+    """Emitted tokens per VIA-SD tier in a summary or an example record (tier 3 includes the
+    verifier's own token)."""
+    return {"tier1": s.get("tier1_accepted", 0) or 0,
+            "tier2": (s.get("tier2_regenerated", 0) or 0) + (s.get("slim_bonus", 0) or 0),
+            "tier3": (s.get("tier3_accepted", 0) or 0) + (s.get("escalations", 0) or 0)}
+
+
 def tier_shares(s: dict[str, Any]) -> dict[str, float]:
     """Share of emitted tokens per VIA-SD tier (tier 3 includes the verifier's own token)."""
-    t1 = s.get("tier1_accepted", 0) or 0
-    t2 = (s.get("tier2_regenerated", 0) or 0) + (s.get("slim_bonus", 0) or 0)
-    t3 = (s.get("tier3_accepted", 0) or 0) + (s.get("escalations", 0) or 0)
+    c = tier_counts(s)
+    t1, t2, t3 = c["tier1"], c["tier2"], c["tier3"]
     tot = t1 + t2 + t3
     return {"tier1": t1 / tot, "tier2": t2 / tot, "tier3": t3 / tot} if tot else {"tier1": 0, "tier2": 0, "tier3": 0}

@@ -209,6 +209,7 @@ def test_bleu_equals_sacrebleu_corpus():
         ("The final answer is \\boxed{72}.", "72"),
         ("The answer is: 0.5", "0.5"),
         ("I cannot tell.", None),
+        ("The answer is 2" + "0" * 44, "2" + "0" * 44),  # past Decimal's 28 digits: no InvalidOperation
     ],
 )
 def test_gsm8k_extraction(text, expected):

@@ -81,8 +81,8 @@ def _clean_number(tok: str) -> str | None:
         d = Decimal(tok)
     except InvalidOperation:
         return None
-    if d == d.to_integral_value():
-        return str(d.quantize(Decimal(1)))
+    if d == d.to_integral_value():  # exact for any length (quantize would overflow past 28 digits)
+        return format(d.to_integral_value(), "f")
     return format(d.normalize(), "f")
 
 

@@ -30,6 +30,10 @@ def test_continuous_scores_get_a_paired_bootstrap_interval_and_wilcoxon():
     noisy = paired_delta(run, list(reversed(run)))
     assert noisy.lo < noisy.estimate < noisy.hi and noisy.p > 0.05
     assert is_binary([1, 0, 1.0]) and not is_binary([0.5, 1])
+    # per-example pass@1 / accuracy are percentages: 0 or 100 is pass/fail too (McNemar, not Wilcoxon)
+    assert is_binary([100.0, 0.0, 100]) and not is_binary([0, 1, 100]) and not is_binary([50.0, 100.0])
+    q = quality_delta([100.0, 100.0, 0.0, 100.0], [0.0, 100.0, 100.0, 0.0])
+    assert q.test == "McNemar (exact)" and q.detail == "2 better / 1 worse" and q.estimate == pytest.approx(25.0)
     assert quality_delta([1, 0], [1, 1]).test.startswith("McNemar") and quality_delta(run, ar).test.startswith("Wil")
 
 

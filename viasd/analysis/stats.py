@@ -51,16 +51,17 @@ def wilson(k: int, n: int) -> tuple[float, float]:
 
 
 def is_binary(values) -> bool:
-    """Whether every score is 0 or 1 (pass@1, accuracy, exact match per example)."""
+    """Whether every score is pass/fail: 0 or 1, or 0 or 100 (the tasks' per-example pass@1, accuracy
+    and exact match are percentages)."""
     v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return bool(v) and all(x in (0, 1, 0.0, 1.0, True, False) for x in v)
+    return bool(v) and (all(x in (0, 1) for x in v) or all(x in (0, 100) for x in v))
 
 
 def mcnemar(run: list[float], ar: list[float]) -> Paired:
-    """Exact McNemar on paired binary scores: ``estimate`` = mean(run) − mean(ar); ``p`` two-sided
-    (1.0 without discordant pairs); ``detail``: the discordant counts ``b/c``."""
+    """Exact McNemar on paired binary scores (0/1 or 0/100): ``estimate`` = mean(run) − mean(ar); ``p``
+    two-sided (1.0 without discordant pairs); ``detail``: the discordant counts ``b/c``."""
     a, b = np.asarray(run, dtype=float), np.asarray(ar, dtype=float)
-    better, worse = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    better, worse = int(((a > 0) & (b == 0)).sum()), int(((a == 0) & (b > 0)).sum())
     p = float(stats.binomtest(better, better + worse, 0.5).pvalue) if better + worse else 1.0
     delta = float(a.mean() - b.mean()) if len(a) else math.nan
     return Paired(len(a), delta, p=p, test="McNemar (exact)", detail=f"{better} better / {worse} worse")

@@ -92,13 +92,13 @@ def fig_tiers(runs, missing, out, store, scale):
     groups = repeat_groups(runs)
     labels = [g[0]["summary"]["task"] for g in groups]
     shares = [_tier_share_cis(store, g) for g in groups]
-    bottom = [0.0] * len(groups)
     names = {"tier1": "tier 1: draft accepted", "tier2": "tier 2: slim rewrote", "tier3": "tier 3: full model"}
-    for tier in ("tier1", "tier2", "tier3"):
+    width = 0.27  # grouped, not stacked: each share's interval drawn around that share
+    for j, tier in enumerate(("tier1", "tier2", "tier3")):
         vals = [s[tier].estimate for s in shares]
-        ax.bar(labels, vals, bottom=bottom, label=names[tier], capsize=2,
+        ax.bar([i + (j - 1) * width for i in range(len(labels))], vals, width, label=names[tier], capsize=2,
                yerr=[[v - s[tier].lo for v, s in zip(vals, shares)], [s[tier].hi - v for v, s in zip(vals, shares)]])
-        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("share of emitted tokens")
     _legend_outside(ax)
     ax.set_title(f"VIA-SD: tokens per tier ({scale}; bars: 95% CI over examples)", fontsize=9)

@@ -157,8 +157,6 @@ def test_composed_cells_are_the_grids_cells(hydra):
     assert [OmegaConf.to_yaml(c, resolve=True) for _, c in fast] == [OmegaConf.to_yaml(c, resolve=True) for _, c in full]
 
 
-@pytest.mark.xfail(strict=False, reason="the committed paper_figures/ predate the current run ids (issue 30); "
-                   "the lead removes this mark once the tree is regenerated or deleted")
 def test_no_committed_output_is_stale(hydra, monkeypatch):
     if REAL_DATA_DIR is not None:
         monkeypatch.setenv("VIASD_DATA_DIR", str(REAL_DATA_DIR))

@@ -177,7 +177,7 @@ class LookupSim:
 
     def found(self, t: int) -> list[int]:
         if t not in self.memo:
-            self.memo[t] = self.drafter.propose(self.traj.context(t), self.MAX, None, None)[0].tolist()
+            self.memo[t] = self.drafter.lookup(self.traj.context(t), self.MAX).tolist()  # no [MAX, V] one-hot
         return self.memo[t]
 
     def propose(self, t: int, prefix: list[int], k: int, min_confidence: float = 0.0) -> tuple[list[int], list[Source]]:
@@ -201,7 +201,7 @@ class MaxGramSim(MaxGramDrafter):
             self.fallback_tokens += k
             return [self.traj.unknown() for _ in range(k)], [None] * k
         if b not in self.memo:
-            self.memo[b] = MaxGramDrafter.propose(self, self.traj.context(b), LookupSim.MAX, None, None)[0].tolist()
+            self.memo[b] = MaxGramDrafter.tokens(self, self.traj.context(b), LookupSim.MAX).tolist()
             self.fallback_tokens -= LookupSim.MAX - len(self.sim.found(b))
         self.fallback_tokens += k - min(k, len(self.sim.found(b)))
         return self.memo[b][:k], [None] * k

@@ -137,20 +137,23 @@ class NgramDrafter(Drafter):
         # Encoder-decoder models: the prompt is not in the decoder sequence, so search it too.
         self.context = context if context is not None else torch.zeros(0, dtype=torch.long)
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+    def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        """The up to ``k`` tokens that followed the latest earlier match of the longest matching
+        suffix n-gram of ``seq`` (``LongTensor[1, L]``); ``LongTensor[k']``, empty without a match."""
         s = torch.cat([self.context.to(seq.device), seq[0]])
         L = s.shape[0]
-        found = s.new_zeros(0)
         if k > 0:
             for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
                 windows = s.unfold(0, n, 1)[:-1]  # all earlier n-grams (exclude the suffix itself)
                 hits = (windows == s[L - n:]).all(-1).nonzero()
                 if hits.numel():
                     start = int(hits[-1, 0]) + n
-                    found = s[start:start + k]
-                    break
-        probs = torch.nn.functional.one_hot(found, self.vocab).float()
-        return found, probs
+                    return s[start:start + k]
+        return s.new_zeros(0)
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        found = self.lookup(seq, k)
+        return found, torch.nn.functional.one_hot(found, self.vocab).float()
 
 
 class HybridDrafter(Drafter):

@@ -195,16 +195,20 @@ class MaxGramDrafter(Drafter):
         self.lookup, self.vocab = lookup, lookup.vocab
         self.fallback_tokens = 0  # tokens the bigram proposed
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
-        """``(LongTensor[k], one-hot [k, V])`` after ``seq`` ``[1, L]``."""
-        found, _ = self.lookup.propose(seq, k, gen, rng)
+    def tokens(self, seq: torch.Tensor, k: int) -> torch.Tensor:
+        """``LongTensor[k]`` after ``seq`` ``[1, L]``: the lookup's tokens, then the bigram's."""
+        found = self.lookup.lookup(seq, k)
         context = torch.cat([self.lookup.context.to(seq.device), seq[0], found])
         tokens = found.tolist()
         while len(tokens) < k:
             tokens.append(bigram_next(context))
             context = torch.cat([context, context.new_tensor(tokens[-1:])])
         self.fallback_tokens += k - found.shape[0]
-        out = seq.new_tensor(tokens, dtype=torch.long)
+        return seq.new_tensor(tokens, dtype=torch.long)
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+        """``(LongTensor[k], one-hot [k, V])`` after ``seq`` ``[1, L]``."""
+        out = self.tokens(seq, k)
         return out, torch.nn.functional.one_hot(out, self.vocab).float()
 
 

@@ -15,7 +15,6 @@ interleaved exp in progress), each against the ``ar`` run sharing most of its ex
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -27,27 +26,13 @@ from viasd.analysis.paired import (
     differences,
     find_ar,
     load_run,
+    load_unfinished,
     predicted_seconds,
     workload_without_subset,
 )
 from viasd.paths import runs_dir
 from viasd.tracking.proof import FINISHED, UNFINISHED
 from viasd.tracking.store import RunStore, RunStores
-
-
-def load_unfinished(store: RunStore, run_id: str) -> dict | None:
-    """An unfinished run's complete examples so far, shaped like :func:`load_run`'s record (its summary
-    holds what the cost model reads: pair, method, task, slim mask from meta.json); None otherwise."""
-    v = store.verdict(run_id)
-    if v is None or v.state != UNFINISHED or not v.config:
-        return None
-    meta = json.loads((v.path / "meta.json").read_text()) if (v.path / "meta.json").is_file() else {}
-    cfg, mask = v.config, meta.get("slim_mask") or {}
-    summary = {"pair": (cfg.get("pair") or {}).get("name"), "method": run_id.split("__")[1],  # the label: sd_ngram, …
-               "task": (cfg.get("task") or {}).get("name"), "slim_mask/layers": mask.get("layers"),
-               "slim_mask/source": mask.get("source", "")}
-    return {"run_id": run_id, "config": cfg, "summary": summary, "meta": meta, "root": v.path.parent,
-            "examples": RunStore(v.path.parent).examples(run_id)[: v.records]}
 
 
 def _unfinished_ar(store: RunStore, run: dict) -> dict | None:

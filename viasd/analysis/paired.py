@@ -27,6 +27,7 @@ from viasd.analysis.stats import Paired, quality_delta, speedup_ci
 from viasd.engine.routing import default_self_layers
 from viasd.errors import ConfigError
 from viasd.tracking.baseline import PRIMARY, workload_key
+from viasd.tracking.proof import UNFINISHED
 from viasd.tracking.store import RunStore, RunStores, as_stores
 
 
@@ -41,6 +42,21 @@ def load_run(store: RunStore | RunStores, run_id: str) -> dict[str, Any] | None:
     return {"run_id": run_id, "config": found["config"], "summary": found["summary"],
             "meta": json.loads(meta.read_text()) if meta.is_file() else {},
             "examples": RunStore(found["root"]).examples(run_id), "root": found["root"]}
+
+
+def load_unfinished(store: RunStore, run_id: str) -> dict | None:
+    """An unfinished run's complete examples so far, shaped like :func:`load_run`'s record (its summary
+    holds what the cost model reads: pair, method, task, slim mask from meta.json); None otherwise."""
+    v = store.verdict(run_id)
+    if v is None or v.state != UNFINISHED or not v.config:
+        return None
+    meta = json.loads((v.path / "meta.json").read_text()) if (v.path / "meta.json").is_file() else {}
+    cfg, mask = v.config, meta.get("slim_mask") or {}
+    summary = {"pair": (cfg.get("pair") or {}).get("name"), "method": run_id.split("__")[1],  # the label: sd_ngram, …
+               "task": (cfg.get("task") or {}).get("name"), "slim_mask/layers": mask.get("layers"),
+               "slim_mask/source": mask.get("source", "")}
+    return {"run_id": run_id, "config": cfg, "summary": summary, "meta": meta, "root": v.path.parent,
+            "examples": store.partial_examples(run_id)}
 
 
 def resolve_run_id(store: RunStore, spec: str) -> str:
@@ -136,7 +152,7 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     ar_ids = {e["id"] for e in ar["examples"]}
     ids = [e["id"] for e in run["examples"] if e["id"] in ar_ids]
     by_id, ar_by_id = {e["id"]: e for e in run["examples"]}, {e["id"]: e for e in ar["examples"]}
-    col = (lambda rows, key: [float(rows[i].get(key) or 0.0) for i in ids])
+    col = (lambda rows, key, over=ids: [float(rows[i].get(key) or 0.0) for i in over])
     speed = speedup_ci(col(by_id, "new_tokens"), col(by_id, "wall_s"), col(ar_by_id, "new_tokens"),
                        col(ar_by_id, "wall_s"))
     if cost is None:
@@ -147,9 +163,8 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     timed = [i for i in ids if by_id[i].get("cpu_s") and ar_by_id[i].get("cpu_s")]
     cpu = Paired(0, math.nan, test="process CPU time")
     if timed:
-        cpu_col = (lambda rows, key: [float(rows[i][key]) for i in timed])
-        cpu = speedup_ci(cpu_col(by_id, "new_tokens"), cpu_col(by_id, "cpu_s"), cpu_col(ar_by_id, "new_tokens"),
-                         cpu_col(ar_by_id, "cpu_s"))
+        cpu = speedup_ci(col(by_id, "new_tokens", timed), col(by_id, "cpu_s", timed),
+                         col(ar_by_id, "new_tokens", timed), col(ar_by_id, "cpu_s", timed))
     predicted = Paired(len(ids), math.nan, test="cost model")
     if cost is not None and ids:
         pr, pa = predicted_seconds(cost, run, ar, ids), predicted_seconds(cost, ar, ar, ids)

@@ -122,6 +122,5 @@ def tier_counts(s: dict[str, Any]) -> dict[str, int]:
 def tier_shares(s: dict[str, Any]) -> dict[str, float]:
     """Share of emitted tokens per VIA-SD tier (tier 3 includes the verifier's own token)."""
     c = tier_counts(s)
-    t1, t2, t3 = c["tier1"], c["tier2"], c["tier3"]
-    tot = t1 + t2 + t3
-    return {"tier1": t1 / tot, "tier2": t2 / tot, "tier3": t3 / tot} if tot else {"tier1": 0, "tier2": 0, "tier3": 0}
+    tot = sum(c.values())
+    return {k: (v / tot if tot else 0) for k, v in c.items()}

@@ -7,7 +7,10 @@ tokens equal ``ar``'s, and quality on the same examples (:mod:`viasd.report.shar
 the table; ``--out`` also writes it as Markdown + LaTeX + sources JSON. Runs are looked up in the
 local run store and then in the results store committed in the repository (``results/runs/``;
 ``--results none`` leaves it out); folders that do not prove themselves are listed once as
-invalid (on stderr) and never compared.
+invalid (on stderr) and never compared. ``--unfinished`` also reads runs still being decoded
+(the cells of an interleaved exp such as ``verdict``) on their complete examples: an interim
+reading, printed only (a written table is made from finished runs); examples a run scores when it
+finishes (HumanEval, MBPP) have no quality yet.
 """
 
 from __future__ import annotations
@@ -37,12 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="", help="scale named in the title (e.g. cpu-large)")
     ap.add_argument("--ignore", nargs="*", default=[], help="config keys allowed to differ (e.g. pair.draft: "
                     "a draft loaded but unused by ar and by model-free drafters); named in the table's note")
+    ap.add_argument("--unfinished", action="store_true", help="also runs still being decoded, on their complete "
+                    "examples (printed only)")
     args = ap.parse_args(argv)
+    if args.unfinished and args.out:
+        print("error: --unfinished prints an interim table; drop --out (tables are written from finished runs)",
+              file=sys.stderr)
+        return 2
     store = RunStores.default(args.runs_dir or runs_dir(), None if args.results == "none" else args.results)
     for line in invalid_lines(store):
         print(line, file=sys.stderr)
     try:
-        rows, _, note = shared_table(store, args.ar, args.runs, tuple(args.ignore))
+        rows, _, note = shared_table(store, args.ar, args.runs, tuple(args.ignore), args.unfinished)
         if args.out:
             for p in write_shared(Path(args.out), args.name, args.title, store, args.ar, args.runs, args.scale,
                                   tuple(args.ignore)):

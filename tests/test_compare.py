@@ -95,3 +95,21 @@ def test_cpu_time_speedup_pairs_only_the_examples_both_runs_timed(tmp_path):
     cmp = compare_to_ar(RunStore(tmp_path), sd, ar)
     assert cmp["n"] == 3 and cmp["cpu"].n == 2 and abs(cmp["cpu"].estimate - 2.0) < 1e-9
     assert cmp["speedup"].estimate < 0.1
+
+
+def test_unfinished_runs_give_an_interim_table_that_is_printed_never_written(runs_dir, tmp_path, capsys):
+    ar = _run("method=ar", "task.n_examples=3")
+    sd = _run("method=sd", "task.n_examples=3")
+    for rid in (ar["run_id"], sd["run_id"]):  # two cells still being decoded: no summary yet
+        (runs_dir / rid / "summary.json").unlink()
+    lines = (runs_dir / ar["run_id"] / "examples.jsonl").read_text().splitlines(keepends=True)
+    (runs_dir / ar["run_id"] / "examples.jsonl").write_text("".join(lines[:2]))  # ar one problem behind sd
+    assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir)]) == 2
+    assert "is unfinished" in capsys.readouterr().err
+    rows, _, _ = shared_table(RunStore(runs_dir), ar["run_id"], [sd["run_id"]], unfinished=True)
+    assert [r[2] for r in rows] == [2, 2] and rows[1][HEADER.index("examples == ar tokens")] == "2/2"
+    assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--unfinished"]) == 0
+    assert sd["run_id"] in capsys.readouterr().out
+    assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--unfinished",
+                         "--out", str(tmp_path / "o")]) == 2
+    assert "drop --out" in capsys.readouterr().err and not (tmp_path / "o").exists()

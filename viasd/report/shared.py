@@ -24,7 +24,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from viasd.analysis.paired import compare_to_ar, differences, load_run, workload_without_subset
+from viasd.analysis.paired import (
+    compare_to_ar,
+    differences,
+    load_run,
+    load_unfinished,
+    workload_without_subset,
+)
 from viasd.errors import ConfigError
 from viasd.report.common import paired_cells, write_table
 from viasd.tracking.store import RunStore, RunStores, as_stores
@@ -35,11 +41,15 @@ HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup
           "quality (same examples)", "ar quality (same examples)", "Δ quality [95% CI]", "p vs ar (test)"]
 
 
-def _finished(store: RunStore | RunStores, run_id: str) -> dict[str, Any]:
+def _finished(store: RunStore | RunStores, run_id: str, unfinished: bool = False) -> dict[str, Any]:
     run = load_run(store, run_id)
     if run is not None:
         return run
     stores = as_stores(store)
+    if unfinished:
+        run = next((r for s in stores.stores if (r := load_unfinished(s, run_id)) is not None), None)
+        if run is not None:
+            return run
     v = stores.verdict(run_id)
     roots = ", ".join(str(s.root) for s in stores.stores)
     why = f"its folder {v.path} is {v.state}: {v.reason}" if v is not None else f"no such folder in {roots}"
@@ -62,23 +72,25 @@ def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any]) -> list[Any]:
             f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
 
 
-def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = ()
-                 ) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
+def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = (),
+                 unfinished: bool = False) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
     """Rows (:data:`HEADER`) of the ``ar`` run and each run on the example ids it shares with ``ar``.
 
     Returns ``(rows, runs, note)``; a run of another workload (anything but method and subset
     size differs) is a :class:`ConfigError` naming the differing keys, unless each differing
     key is under one of ``ignore`` (e.g. ``pair.draft``: a draft model loaded but unused by
-    ``ar`` and by a model-free drafter); the note names the keys ignored.
+    ``ar`` and by a model-free drafter); the note names the keys ignored. ``unfinished``: runs still
+    being decoded count too, on their complete examples (an interim reading of an interleaved exp;
+    each row on the ids it shares with ``ar``, and examples not yet scored have no quality).
     """
-    ar = _finished(store, ar_id)
+    ar = _finished(store, ar_id, unfinished)
     if ar["summary"].get("method") != "ar":
         raise ConfigError(f"{ar_id} is a {ar['summary'].get('method')!r} run; pass an ar run as the baseline")
     ar_ids = [e["id"] for e in ar["examples"]]
     rows, runs = [_row(store, ar, ar)], [ar]
     ignored: set[str] = set()
     for run_id in run_ids:
-        run = _finished(store, run_id)
+        run = _finished(store, run_id, unfinished)
         diff = differences(workload_without_subset(ar["config"]), workload_without_subset(run["config"]))
         ignored.update(d for d in diff if any(d == k or d.startswith(k + ".") for k in ignore))
         diff = [d for d in diff if d not in ignored]
@@ -86,7 +98,7 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
             raise ConfigError(f"{run_id} is not the workload of {ar_id} (differs in {', '.join(diff[:5])}); "
                               f"compare runs of one pair/task/generation/seed")
         ids = [e["id"] for e in run["examples"] if e["id"] in set(ar_ids)]
-        if len(ids) < len(run["examples"]):
+        if len(ids) < len(run["examples"]) and not unfinished:
             raise ConfigError(f"{run_id} has examples the ar run {ar_id} lacks; run ar on a superset "
                               f"(a larger task.n_examples with the same task.seed)")
         rows.append(_row(store, run, ar))

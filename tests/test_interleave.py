@@ -117,3 +117,19 @@ def test_a_run_without_its_ar_prints_no_nan_and_the_command_that_creates_it(tmp_
     (sd,) = [p.name for p in runs.iterdir() if "__sd_ngram__" in p.name]
     sd_cfg = yaml.safe_load((runs / sd / "config.yaml").read_text())
     assert workload_key(sd_cfg) == workload_key(yaml.safe_load((runs / ar["run_id"] / "config.yaml").read_text()))
+
+
+def test_the_exps_table_names_each_row_by_its_variant_label_and_says_what_it_runs(runs_dir, tmp_path):
+    from viasd.report.build import build_all
+
+    overrides = ["+exp=main", "scale=smoke", '+exp.variants.ngram3=["method=sd_ngram","method.gamma=3"]',
+                 "generation.max_new_tokens=6"]
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        job, cfg = _group(overrides)
+        run_interleaved(cfg, job)
+        out = build_all(tmp_path / "pf", RunStore(runs_dir), "smoke", ["main"], overrides=overrides[2:])
+    assert not isinstance(out["main"], str), out
+    md = (tmp_path / "pf" / "smoke" / "main.md").read_text()
+    rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| ") and "__" in ln]
+    assert rows == ["ar", "sd_ngram", "ngram3"]
+    assert "`ngram3` = method=sd_ngram method.gamma=3" in md and "`ar` =" not in md

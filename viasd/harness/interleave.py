@@ -68,6 +68,16 @@ def variant_cells(job: list[str], cfg: DictConfig) -> list[tuple[str, list[str],
         return _do()
 
 
+def variant_label(cell: list[str], cfg: DictConfig) -> str | None:
+    """The ``exp.variants`` label of the interleaved cell whose overrides are ``cell`` (as
+    :func:`expand` made them), or None for a cell of another entry."""
+    variants = OmegaConf.select(cfg, "exp.variants", default=None) or {}
+    tails = [(len(extra), str(label)) for label, extra in variants.items()
+             if len(cell) >= len(extra) + len(INTERLEAVED) and
+             list(cell[len(cell) - len(extra) - len(INTERLEAVED):]) == [*extra, *INTERLEAVED]]
+    return max(tails)[1] if tails else None
+
+
 def expand(job: list[str], cfg: DictConfig) -> list[tuple[list[str], DictConfig]]:
     """The run cells of one composed job: its variants for an interleave cell, else itself."""
     if OmegaConf.select(cfg, "exp.entry", default="run") != "interleave":

@@ -21,6 +21,7 @@ from scipy import stats
 
 from viasd.analysis.paired import compare_to_ar, load_run
 from viasd.harness.grid import exp_cells
+from viasd.harness.interleave import variant_label
 from viasd.harness.runner import identity
 from viasd.registry import Registry
 from viasd.tracking.baseline import (
@@ -46,7 +47,8 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
     that does not prove itself (:mod:`viasd.tracking.proof`) counts as missing. Each run:
     ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict), ``summary``,
     ``ar`` (the matched ``ar`` run of the same store, or None), ``speedup`` (vs that run),
-    ``ar_command`` (the command creating the missing ``ar`` run, else None).
+    ``ar_command`` (the command creating the missing ``ar`` run, else None), ``label`` (an
+    interleaved cell's ``exp.variants`` label, else None).
     """
     stores = as_stores(store)
     index = ar_index(stores)
@@ -68,7 +70,8 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
             keep = [o for o in cell if not o.split("=", 1)[0].lstrip("+~").startswith(("method", "exp", "scale"))]
             cmd = "python -m experiments.run method=ar " + " ".join(keep)
         runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary, "ar": ar,
-                     "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd})
+                     "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd,
+                     "label": variant_label(cell, cfg)})
     return runs, missing
 
 

@@ -5,6 +5,8 @@ token, quality with its paired difference and p-value (:func:`viasd.report.share
 
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
 from viasd.report.common import REPORTS, write_table
 from viasd.report.shared import write_shared
 
@@ -38,5 +40,17 @@ def _groups_table(exp: str, title: str, runs, missing, out, store, scale) -> lis
             name = f"{exp}_{tasks[i]}"
         else:
             name = f"{exp}_{i + 1}"
-        paths += write_shared(out, name, title, store, ar_id, [x for x in ids if x != ar_id], scale)
+        labels = {r["run_id"]: r["label"] for r in runs if r.get("label")}
+        paths += write_shared(out, name, title, store, ar_id, [x for x in ids if x != ar_id], scale,
+                              labels=labels, legend=_legend(runs))
     return paths
+
+
+def _legend(runs) -> str:
+    """What each variant label runs: ``label = overrides`` from the exp's ``exp.variants``."""
+    variants = next((OmegaConf.select(r["config"], "exp.variants", default=None) for r in runs), None) or {}
+    used = {r.get("label") for r in runs}
+    parts = [f"`{label}` = {' '.join(extra)}" for label, extra in variants.items()
+             if label in used and list(extra) != [f"method={label}"]]
+    return ("Rows named by label: " + "; ".join(parts) + " (the others: `method=<row>` with its defaults).") \
+        if parts else ""

@@ -56,7 +56,7 @@ def _finished(store: RunStore | RunStores, run_id: str, unfinished: bool = False
     raise ConfigError(f"no finished run {run_id!r} ({why}); list the runs with `python -m experiments.store check`")
 
 
-def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any]) -> list[Any]:
+def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | None = None) -> list[Any]:
     cmp = compare_to_ar(store, run, ar)
     by_id = {e["id"]: e for e in run["examples"]}
     ids = cmp["ids"]
@@ -67,13 +67,14 @@ def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any]) -> list[Any]:
     cells, cpu = paired_cells(cmp), cmp["cpu"]
     cpu_cell = (f"{cpu.estimate:.2f} {cpu.interval()}" + (f" (n={cpu.n})" if cpu.n != len(ids) else "")
                 if not math.isnan(cpu.estimate) else "– (no cpu_s)")
-    return [run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
+    return [label or run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
             cmp["speedup"].estimate, *cells[:2], cpu_cell, rejected / drafted if drafted else math.nan,
             f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
 
 
 def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = (),
-                 unfinished: bool = False) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
+                 unfinished: bool = False, labels: dict[str, str] | None = None
+                 ) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
     """Rows (:data:`HEADER`) of the ``ar`` run and each run on the example ids it shares with ``ar``.
 
     Returns ``(rows, runs, note)``; a run of another workload (anything but method and subset
@@ -82,12 +83,14 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     ``ar`` and by a model-free drafter); the note names the keys ignored. ``unfinished``: runs still
     being decoded count too, on their complete examples (an interim reading of an interleaved exp;
     each row on the ids it shares with ``ar``, and examples not yet scored have no quality).
+    ``labels``: a row's name by run id (an interleaved exp's variant labels; default: the method).
     """
+    labels = labels or {}
     ar = _finished(store, ar_id, unfinished)
     if ar["summary"].get("method") != "ar":
         raise ConfigError(f"{ar_id} is a {ar['summary'].get('method')!r} run; pass an ar run as the baseline")
     ar_ids = [e["id"] for e in ar["examples"]]
-    rows, runs = [_row(store, ar, ar)], [ar]
+    rows, runs = [_row(store, ar, ar, labels.get(ar_id))], [ar]
     ignored: set[str] = set()
     for run_id in run_ids:
         run = _finished(store, run_id, unfinished)
@@ -101,7 +104,7 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
         if len(ids) < len(run["examples"]) and not unfinished:
             raise ConfigError(f"{run_id} has examples the ar run {ar_id} lacks; run ar on a superset "
                               f"(a larger task.n_examples with the same task.seed)")
-        rows.append(_row(store, run, ar))
+        rows.append(_row(store, run, ar, labels.get(run_id)))
         runs.append(run)
     runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None} for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
@@ -116,9 +119,12 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
 
 
 def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, run_ids: list[str],
-                 scale: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
-    """Write ``name.md``/``.tex``/``.sources.json`` under ``out``; returns the paths."""
-    rows, runs, note = shared_table(store, ar_id, run_ids, ignore)
+                 scale: str = "", ignore: tuple[str, ...] = (), labels: dict[str, str] | None = None,
+                 legend: str = "") -> list[str]:
+    """Write ``name.md``/``.tex``/``.sources.json`` under ``out``; returns the paths. ``labels``: row
+    names by run id; ``legend``: text put before the note (e.g. what each label runs)."""
+    rows, runs, note = shared_table(store, ar_id, run_ids, ignore, labels=labels)
+    note = f"{legend} {note}" if legend else note
     paths = write_table(out, name, title, HEADER, rows, runs, [], note=note, scale=scale)
     atomic_write_json(out / f"{name}.rows.json", {"header": HEADER, "rows": rows})
     return paths

@@ -7,7 +7,8 @@ its examples, the speedup the cost model predicts from the run's counters on the
 next to the wall-clock speedup, and the error; ``ar`` runs get their predicted against their
 measured tokens/s. Prints the table and the mean absolute error (quiet machines: the goal is
 within 10% of the wall-clock speedup), and the error against the CPU-time speedup (process CPU
-seconds, which a waiting process or a paused machine does not advance) where runs recorded it.
+seconds, which a waiting process or a paused machine does not advance) where runs recorded it —
+the prediction then on the same examples (``cpu n``: runs from before ``cpu_s`` have fewer).
 ``--unfinished`` adds runs still being decoded, on their complete examples (the cells of an
 interleaved exp in progress), each against the ``ar`` run sharing most of its examples.
 """
@@ -79,7 +80,7 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
                      "predicted": cmp["predicted"].estimate, "what": f"speedup vs {ar['run_id']}",
                      "error": relative_error(cmp["predicted"].estimate, cmp["speedup"].estimate),
                      "cpu": cmp["cpu"].estimate, "cpu n": cmp["cpu"].n,
-                     "error vs cpu": relative_error(cmp["predicted"].estimate, cmp["cpu"].estimate)})
+                     "error vs cpu": relative_error(cmp["predicted_cpu"].estimate, cmp["cpu"].estimate)})
     return rows
 
 

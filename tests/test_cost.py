@@ -112,6 +112,18 @@ def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(run
     rows = cost_cmd.validate(__import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir))
     assert {r["method"] for r in rows} == {"ar", "sd"} and all(r["predicted"] > 0 for r in rows)
     assert all(r["cpu n"] == 2 and r["cpu"] > 0 for r in rows if r["method"] == "sd")  # cpu_s of both runs
+    # an example from before cpu_s: the CPU-time speedup and the prediction it validates are on the other one
+    from viasd.analysis.paired import compare_to_ar, load_run, predicted_seconds
+    from viasd.analysis.stats import speedup_ci
+
+    st = __import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir)
+    a, b = load_run(st, ar["run_id"]), load_run(st, sd["run_id"])
+    del b["examples"][0]["cpu_s"]
+    cmp, one = compare_to_ar(st, b, a), [b["examples"][1]["id"]]
+    model = find_cost(runs_dir, "tiny-llama", meta["runtime"], meta["threads"])
+    want = speedup_ci([b["examples"][1]["new_tokens"]], predicted_seconds(model, b, a, one),
+                      [a["examples"][1]["new_tokens"]], predicted_seconds(model, a, a, one))
+    assert cmp["cpu"].n == 1 and cmp["predicted"].n == 2 and cmp["predicted_cpu"].estimate == pytest.approx(want.estimate)
     # a run still being decoded (an interleaved cell): left out, unless --unfinished asks for it
     (runs_dir / sd["run_id"] / "summary.json").unlink()
     store = __import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir)

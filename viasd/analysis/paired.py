@@ -147,7 +147,9 @@ def predicted_seconds(cost: CostModel, run: dict[str, Any], ar: dict[str, Any], 
 def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost: CostModel | None = None
                   ) -> dict[str, Any]:
     """Paired numbers of ``run`` against ``ar`` on their shared examples (see the module docstring):
-    ``n``, ``speedup`` / ``predicted`` / ``quality`` (:class:`~viasd.analysis.stats.Paired`),
+    ``n``, ``speedup`` / ``predicted`` / ``quality`` (:class:`~viasd.analysis.stats.Paired`), ``cpu``
+    (the CPU-time speedup, on the examples both runs timed) and ``predicted_cpu`` (the prediction on
+    those same examples, what ``cpu`` validates),
     ``metric``, ``same_tokens``, ``ids``. ``cost``: default the pair's cost file in the store."""
     ar_ids = {e["id"] for e in ar["examples"]}
     ids = [e["id"] for e in run["examples"] if e["id"] in ar_ids]
@@ -165,17 +167,22 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     if timed:
         cpu = speedup_ci(col(by_id, "new_tokens", timed), col(by_id, "cpu_s", timed),
                          col(ar_by_id, "new_tokens", timed), col(ar_by_id, "cpu_s", timed))
-    predicted = Paired(len(ids), math.nan, test="cost model")
+    predicted = predicted_timed = Paired(len(ids), math.nan, test="cost model")
     if cost is not None and ids:
         pr, pa = predicted_seconds(cost, run, ar, ids), predicted_seconds(cost, ar, ar, ids)
-        predicted = speedup_ci(col(by_id, "new_tokens"), pr, col(ar_by_id, "new_tokens"), pa)
+        predicted = predicted_timed = speedup_ci(col(by_id, "new_tokens"), pr, col(ar_by_id, "new_tokens"), pa)
+        if timed and len(timed) < len(ids):  # the prediction on the examples the CPU-time speedup is over
+            at = {i: k for k, i in enumerate(ids)}
+            predicted_timed = speedup_ci(col(by_id, "new_tokens", timed), [pr[at[i]] for i in timed],
+                                         col(ar_by_id, "new_tokens", timed), [pa[at[i]] for i in timed])
     task = run["summary"].get("task", "")
     q, qa = [score(by_id[i], task) for i in ids], [score(ar_by_id[i], task) for i in ids]
     pairs = [(a, b) for a, b in zip(q, qa) if not (math.isnan(a) or math.isnan(b))]
     quality = quality_delta([a for a, _ in pairs], [b for _, b in pairs]) if pairs else Paired(0, math.nan)
     same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
     metric = PRIMARY.get(task) or next(iter((run["examples"][0].get("score") or {}) if run["examples"] else {}), "")
-    return {"n": len(ids), "ids": ids, "speedup": speed, "cpu": cpu, "predicted": predicted, "quality": quality,
+    return {"n": len(ids), "ids": ids, "speedup": speed, "cpu": cpu, "predicted": predicted,
+            "predicted_cpu": predicted_timed, "quality": quality,
             "metric": metric if pairs else "", "same_tokens": same,
             "quality_mean": sum(a for a, _ in pairs) / len(pairs) if pairs else math.nan,
             "ar_quality_mean": sum(b for _, b in pairs) / len(pairs) if pairs else math.nan}

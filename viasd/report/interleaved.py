@@ -33,6 +33,7 @@ def _groups_table(exp: str, title: str, runs, missing, out, store, scale) -> lis
         rows = [[r["summary"].get("method"), r["run_id"], r["summary"].get("tokens_per_s")] for r in runs]
         return write_table(out, exp, title, ["method", "run", "tokens/s"], rows, runs, missing, scale=scale)
     paths, tasks = [], [ar_id.split("__")[2] for ar_id in groups]
+    labels, legend = {r["run_id"]: r["label"] for r in runs if r.get("label")}, _legend(runs)
     for i, (ar_id, ids) in enumerate(groups.items()):
         if len(groups) == 1:
             name = exp
@@ -40,9 +41,8 @@ def _groups_table(exp: str, title: str, runs, missing, out, store, scale) -> lis
             name = f"{exp}_{tasks[i]}"
         else:
             name = f"{exp}_{i + 1}"
-        labels = {r["run_id"]: r["label"] for r in runs if r.get("label")}
         paths += write_shared(out, name, title, store, ar_id, [x for x in ids if x != ar_id], scale,
-                              labels=labels, legend=_legend(runs))
+                              labels=labels, legend=legend)
     return paths
 
 

@@ -12,7 +12,13 @@ empty folders (never one being written) to ``DIR/<name>/``.
 ``publish`` copies finished runs (config, meta, summary, examples with token ids — no locks,
 W&B files or traces) from the local store into the results store (``--to``, default
 ``results/runs/``), so the evidence behind committed tables travels with the repository. A normal
-run never writes there.
+run never writes there; publishing there removes the run's stash.
+
+``stash [RUN_ID …] [--to DIR]`` copies the complete examples of unfinished runs (default: every one
+of the local store with at least one example; also while they decode) into ``results/unfinished/``
+(``--to``); ``restore [RUN_ID …] [--from DIR]`` copies them into the local store, where the same
+command resumes each. A long decode spread over machines whose local stores do not survive them
+(the verdict's 40-problem cells) commits its stash and loses at most what came after it.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ import sys
 from pathlib import Path
 
 from viasd.errors import one_line_errors
-from viasd.paths import results_dir, runs_dir
+from viasd.paths import results_dir, runs_dir, unfinished_dir
 from viasd.tracking.proof import EMPTY, FINISHED, INVALID, UNFINISHED
-from viasd.tracking.results import publish
+from viasd.tracking.results import publish, restore, stash
 from viasd.tracking.store import RunStore, RunStores
 
 
@@ -81,13 +87,28 @@ def main(argv: list[str] | None = None) -> int:
                        help="copy finished runs into the results store committed in the repository")
     p.add_argument("run_ids", nargs="+")
     p.add_argument("--to", type=Path, default=None, help="results store (default: results/runs)")
+    s = sub.add_parser("stash", parents=[common], help="copy the complete examples of unfinished runs into "
+                                                        "results/unfinished")
+    s.add_argument("run_ids", nargs="*", help="default: every unfinished run of the local store")
+    s.add_argument("--to", type=Path, default=None, help="stash folder (default: results/unfinished)")
+    r = sub.add_parser("restore", parents=[common], help="copy stashed runs into the local store to resume them")
+    r.add_argument("run_ids", nargs="*", help="default: every stashed run")
+    r.add_argument("--from", dest="src", type=Path, default=None, help="stash folder (default: results/unfinished)")
     args = ap.parse_args(argv)
-    user = args.runs or runs_dir()
+    user = RunStore(args.runs or runs_dir())
     with one_line_errors():
         if args.cmd == "check":
-            return check(RunStores.default(user, None if args.results == "none" else args.results), args.move_aside)
-        dest = args.to or results_dir()
-        for run_id, what in publish(args.run_ids, RunStore(user), dest):
+            return check(RunStores.default(user.root, None if args.results == "none" else args.results),
+                         args.move_aside)
+        if args.cmd == "publish":
+            done = publish(args.run_ids, user, args.to or results_dir(),
+                           stash_dir=unfinished_dir() if args.to is None else None)
+        elif args.cmd == "stash":
+            ids = args.run_ids or [v.path.name for v in user.folders() if v.state == UNFINISHED and v.records]
+            done = stash(ids, user, args.to or unfinished_dir())
+        else:
+            done = restore(args.src or unfinished_dir(), user, args.run_ids or None)
+        for run_id, what in done or [("-", "nothing to do")]:
             print(f"{run_id}: {what}")
     return 0
 

@@ -1,6 +1,7 @@
 """The run store proves its runs: stray, copied, edited and truncated folders are listed as invalid
 and never used (issue 29 cases 3 and 4), runs of the code before the proofs stay valid, a full disk
-is one line with no folder left behind, and the committed results store is read beside the local one."""
+is one line with no folder left behind, the committed results store is read beside the local one,
+and a stash carries an unfinished run to another machine."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from experiments import compare
 from experiments import report as report_cli
 from experiments import store as store_cli
+from viasd.errors import ConfigError
 from viasd.harness import runner
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
@@ -26,7 +28,7 @@ from viasd.report.build import build_all, collect
 from viasd.tracking import store as store_mod
 from viasd.tracking.ids import run_id_for
 from viasd.tracking.proof import inspect
-from viasd.tracking.results import publish
+from viasd.tracking.results import publish, restore, stash
 from viasd.tracking.store import RunStore, RunStores, StoreFull, find_run, valid_runs
 
 OLD_STORE = Path(__file__).parent / "fixtures" / "store_3180974"  # written by the code at 3180974
@@ -225,3 +227,35 @@ def test_results_store_is_read_beside_the_local_one_and_only_publish_writes_it(a
     assert sorted(p.name for p in results.iterdir()) == before
     with pytest.raises(Exception, match="not a finished valid run"):
         publish(["tiny-llama__ar__prompts__nonexistent"], RunStore(runs_dir), results)
+
+
+def test_a_stash_carries_an_unfinished_run_to_another_machine(runs_dir, tmp_path, monkeypatch, capsys):
+    """stash copies the complete examples of an interrupted run (not the line being written),
+    restore puts them into another (empty) store, the same command resumes after them and ends
+    with the outputs of a run never interrupted; publish then removes the stash."""
+    whole = _run("method=ar")
+    rid, folder = whole["run_id"], runs_dir / whole["run_id"]
+    tokens = [r["token_ids"] for r in RunStore(runs_dir).examples(rid)]
+    (folder / "summary.json").unlink()
+    first = (folder / "examples.jsonl").read_text().splitlines()[0]
+    (folder / "examples.jsonl").write_text(first + '\n{"id": "x", "new_tok')  # killed while appending line 2
+    stash_dir = tmp_path / "unfinished"
+    assert store_cli.main(["stash", "--runs", str(runs_dir), "--to", str(stash_dir)]) == 0
+    assert f"stashed 1 examples to {stash_dir / rid}" in capsys.readouterr().out
+    assert (stash_dir / rid / "examples.jsonl").read_text() == first + "\n"
+    assert {p.name for p in (stash_dir / rid).iterdir()} == {"config.yaml", "meta.json", "examples.jsonl"}
+    assert "kept: the stash" in stash([rid], RunStore(runs_dir), stash_dir)[0][1]
+    with pytest.raises(ConfigError, match="no such folder"):
+        stash(["tiny-llama__ar__prompts__0000000000"], RunStore(runs_dir), stash_dir)
+    other = tmp_path / "other-machine"
+    monkeypatch.setenv("VIASD_RUNS_DIR", str(other))
+    assert store_cli.main(["restore", "--runs", str(other), "--from", str(stash_dir)]) == 0
+    assert "restored 1 examples" in capsys.readouterr().out
+    assert "kept:" in restore(stash_dir, RunStore(other))[0][1]  # it has them now
+    resumed = _run("method=ar")
+    assert resumed["run_id"] == rid and json.loads((other / rid / "meta.json").read_text())["resumed_examples"] == 1
+    assert [r["token_ids"] for r in RunStore(other).examples(rid)] == tokens
+    with pytest.raises(ConfigError, match="publish it instead"):
+        stash([rid], RunStore(other), stash_dir)
+    done = publish([rid], RunStore(other), tmp_path / "results", stash_dir=stash_dir)
+    assert done[-1] == (rid, f"its stash removed from {stash_dir}") and not (stash_dir / rid).exists()

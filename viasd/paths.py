@@ -8,6 +8,9 @@
 * ``VIASD_RUNS_DIR`` — the local run store (default: ``./runs``).
 * ``VIASD_RESULTS_DIR`` — the read-only results store committed in the repository (default:
   ``results/runs/`` of the checkout), read beside the local one by the reports.
+* ``VIASD_UNFINISHED_DIR`` — stashed examples of runs still decoding (default:
+  ``results/unfinished/`` of the checkout; ``experiments.store stash`` / ``restore``), so a decode
+  spread over machines resumes where the last one stopped. Never read by the reports.
 """
 
 from __future__ import annotations
@@ -77,3 +80,8 @@ def runs_dir() -> Path:
 def results_dir() -> Path:
     """Root of the results store committed in the repository (read-only for runs; ``experiments.store publish``)."""
     return Path(os.environ.get("VIASD_RESULTS_DIR", PROJECT_ROOT / "results" / "runs")).resolve()
+
+
+def unfinished_dir() -> Path:
+    """Root of the stash of unfinished runs committed in the repository (``experiments.store stash``)."""
+    return Path(os.environ.get("VIASD_UNFINISHED_DIR", PROJECT_ROOT / "results" / "unfinished")).resolve()

@@ -1,6 +1,12 @@
-"""The results store committed in the repository (``results/runs/``): :func:`publish` copies
-finished runs into it — the only writer; a normal run never writes there. It is read beside the
-local store by :class:`~viasd.tracking.store.RunStores`, under the same validity rules."""
+"""The stores committed in the repository. ``results/runs/``: :func:`publish` copies finished runs
+into it — the only writer; a normal run never writes there. It is read beside the local store by
+:class:`~viasd.tracking.store.RunStores`, under the same validity rules.
+
+``results/unfinished/``: :func:`stash` copies the complete examples of runs still decoding (or
+interrupted) into it, and :func:`restore` copies them back into a local store, where the same
+command resumes each after its last stashed example — so a decode spread over several machines (a
+local store dies with its machine) loses at most what was decoded since the last stash. Reports
+never read it; :func:`publish` removes a run's stash once the finished run is published."""
 
 from __future__ import annotations
 
@@ -8,38 +14,132 @@ import shutil
 from pathlib import Path
 
 from viasd.errors import ConfigError
-from viasd.tracking.proof import FINISHED, RECORD_FILES, inspect
+from viasd.tracking.proof import FINISHED, RECORD_FILES, UNFINISHED, inspect, reserved
 from viasd.tracking.store import RunStore, RunStores, as_stores, find_run
 
+#: The record files of an unfinished run (it has no summary yet).
+PARTIAL_FILES = ("config.yaml", "meta.json", "examples.jsonl")
 
-def publish(run_ids: list[str], source: RunStore | RunStores, dest: str | Path) -> list[tuple[str, str]]:
+
+def publish(run_ids: list[str], source: RunStore | RunStores, dest: str | Path,
+            stash_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """Copy finished valid runs (their record files only: no locks, W&B or traces) into the results
     store ``dest``; returns ``(run_id, what happened)``. A run already there with the same files is
-    left as it is; one that differs is a :class:`ConfigError` (remove it first to replace it)."""
+    left as it is; one that differs is a :class:`ConfigError` (remove it first to replace it).
+    ``stash_dir``: a run's stash there (:func:`stash`) is removed once the run is in ``dest``."""
     dest = Path(dest)
     out = []
     for run_id in run_ids:
-        found = find_run(run_id, source)
-        if found is None:
-            v = as_stores(source).verdict(run_id)
-            why = f"it is {v.state}: {v.reason}" if v is not None else "no such folder"
-            raise ConfigError(f"cannot publish {run_id}: not a finished valid run ({why})")
-        target = dest / run_id
-        if target.exists():
-            same = all((target / f).is_file() and (target / f).read_bytes() == (found["path"] / f).read_bytes()
-                       for f in RECORD_FILES if (found["path"] / f).is_file())
-            if not same:
-                raise ConfigError(f"{target} exists with other contents; remove it first to replace it")
-            out.append((run_id, f"already in {dest}"))
+        out.append(_publish_one(run_id, source, dest))
+        if stash_dir is not None and (Path(stash_dir) / run_id).is_dir():
+            shutil.rmtree(Path(stash_dir) / run_id)
+            out.append((run_id, f"its stash removed from {stash_dir}"))
+    return out
+
+
+def _publish_one(run_id: str, source: RunStore | RunStores, dest: Path) -> tuple[str, str]:
+    found = find_run(run_id, source)
+    if found is None:
+        v = as_stores(source).verdict(run_id)
+        why = f"it is {v.state}: {v.reason}" if v is not None else "no such folder"
+        raise ConfigError(f"cannot publish {run_id}: not a finished valid run ({why})")
+    target = dest / run_id
+    if target.exists():
+        same = all((target / f).is_file() and (target / f).read_bytes() == (found["path"] / f).read_bytes()
+                   for f in RECORD_FILES if (found["path"] / f).is_file())
+        if not same:
+            raise ConfigError(f"{target} exists with other contents; remove it first to replace it")
+        return run_id, f"already in {dest}"
+    tmp = dest / f".{run_id}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in RECORD_FILES:
+        if (found["path"] / f).is_file():
+            shutil.copy2(found["path"] / f, tmp / f)
+    tmp.rename(target)
+    if inspect(target).state != FINISHED:
+        raise ConfigError(f"{target} does not prove itself after copying: {inspect(target).reason}")
+    return run_id, f"published to {target}"
+
+
+def _snapshot(src: Path, records: int) -> dict[str, bytes]:
+    """The partial record files of ``src`` with ``examples.jsonl`` cut after its first ``records``
+    lines (a line being appended now is left out)."""
+    files = {f: (src / f).read_bytes() for f in PARTIAL_FILES if (src / f).is_file()}
+    lines = files.get("examples.jsonl", b"").splitlines(keepends=True)
+    files["examples.jsonl"] = b"".join(lines[:records])
+    return files
+
+
+def _write_folder(target: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` as the folder ``target`` in one rename (an older folder there is replaced)."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    old = target.with_name(f".{target.name}.old")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def stash(run_ids: list[str], source: RunStore, dest: str | Path) -> list[tuple[str, str]]:
+    """Copy the complete examples of unfinished runs of ``source`` (also while they are being
+    written: the examples complete now) with their config and meta into ``dest/<run_id>/``; returns
+    ``(run_id, what happened)``. A stash holding at least as many examples is kept. A finished run is
+    a :class:`ConfigError` naming ``publish``; an invalid, empty or absent one names its state."""
+    dest = Path(dest)
+    out = []
+    for run_id in run_ids:
+        v = source.verdict(run_id)
+        if v is None or v.state != UNFINISHED or v.records == 0:
+            why = ("no such folder" if v is None else "finished: publish it instead" if v.finished
+                   else f"{v.state}: {v.reason}" if v.state != UNFINISHED else "it has no complete example yet")
+            raise ConfigError(f"cannot stash {run_id}: {why}")
+        old = inspect(dest / run_id) if (dest / run_id).is_dir() else None
+        if old is not None and old.state == UNFINISHED and old.records >= v.records:
+            out.append((run_id, f"kept: the stash in {dest} has {old.records} examples (here {v.records})"))
             continue
-        tmp = dest / f".{run_id}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for f in RECORD_FILES:
-            if (found["path"] / f).is_file():
-                shutil.copy2(found["path"] / f, tmp / f)
-        tmp.rename(target)
-        if inspect(target).state != FINISHED:
-            raise ConfigError(f"{target} does not prove itself after copying: {inspect(target).reason}")
-        out.append((run_id, f"published to {target}"))
+        _write_folder(dest / run_id, _snapshot(v.path, v.records))
+        got = inspect(dest / run_id)
+        if got.state != UNFINISHED or got.records != v.records:
+            raise ConfigError(f"{dest / run_id} is not the stash it should be: {got.state}, {got.records} examples")
+        out.append((run_id, f"stashed {v.records} examples to {dest / run_id}"))
+    return out
+
+
+def restore(src: str | Path, dest: RunStore, run_ids: list[str] | None = None) -> list[tuple[str, str]]:
+    """Copy the stashed runs of ``src`` (``run_ids``: only these) into the local store ``dest``
+    where it has no run of that id or an unfinished one with fewer examples, not being written;
+    the same command then resumes each. Returns ``(run_id, what happened)``."""
+    src = Path(src)
+    names = run_ids if run_ids is not None else sorted(
+        d.name for d in src.iterdir() if d.is_dir() and not reserved(d.name)) if src.is_dir() else []
+    out = []
+    for run_id in names:
+        v = inspect(src / run_id) if (src / run_id).is_dir() else None
+        if v is None or v.state != UNFINISHED:
+            out.append((run_id, f"skipped: not a stashed run ({'no such folder' if v is None else v.reason or v.state})"))
+            continue
+        here = dest.verdict(run_id)
+        if here is not None and (here.finished or (here.state == UNFINISHED and here.records >= v.records)):
+            what = "finished" if here.finished else f"unfinished with {here.records} examples"
+            out.append((run_id, f"kept: {dest.root} has it {what}"))
+            continue
+        lock = dest.lock(run_id)
+        dest.root.mkdir(parents=True, exist_ok=True)
+        if not dest.claim(lock, wait=False):
+            out.append((run_id, f"skipped: being written by {lock.describe()}"))
+            continue
+        try:
+            files = _snapshot(v.path, v.records)
+            for name, data in files.items():
+                (dest.path(run_id) / name).write_bytes(data)
+            (dest.path(run_id) / "summary.json").unlink(missing_ok=True)
+        finally:
+            lock.release()
+        out.append((run_id, f"restored {v.records} examples to {dest.path(run_id)}"))
     return out

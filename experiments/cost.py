@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -33,7 +34,7 @@ from viasd.analysis.paired import (
 )
 from viasd.paths import runs_dir
 from viasd.tracking.proof import FINISHED, UNFINISHED
-from viasd.tracking.store import RunStore, RunStores
+from viasd.tracking.store import RunStore, RunStores, store_roots
 
 
 def _unfinished_ar(store: RunStore, run: dict) -> dict | None:
@@ -62,7 +63,8 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
         if run is None or (pair and run["summary"].get("pair") != pair) or not run["examples"]:
             continue
         s = run["summary"]
-        cost = find_cost(store.root, s.get("pair", ""), run["meta"].get("runtime"), run["meta"].get("threads"))
+        cost = find_cost([Path(run.get("root") or store.root), *store_roots(store)], s.get("pair", ""),
+                         run["meta"].get("runtime"), run["meta"].get("threads"))
         ar = run if s.get("method") == "ar" else (_unfinished_ar(store, run) if unfinished else find_ar(store, run))
         if cost is None or ar is None or not run["examples"]:
             continue

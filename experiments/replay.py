@@ -44,7 +44,7 @@ from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.report.replayed import write_frontier
-from viasd.tracking.store import RunStore, RunStores, method_label
+from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
 CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir")
@@ -176,7 +176,7 @@ def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, A
         return None
     if spec != "auto":
         return CostModel.load(spec)
-    return find_cost(store.root, summary.get("pair", ""), meta.get("runtime"), meta.get("threads"))
+    return find_cost(store_roots(store), summary.get("pair", ""), meta.get("runtime"), meta.get("threads"))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,22 @@ def test_find_cost_prefers_this_host_and_the_runtime(tmp_path):
     assert find_cost(tmp_path, "other", runtime, 1) is None
 
 
+def test_the_cost_model_travels_with_the_results_store(tmp_path, monkeypatch):
+    """A fresh clone has no local ``_cost/``: the committed results store's file prices its runs; a
+    local file of the pair comes first."""
+    from viasd.tracking.store import RunStore, store_roots
+
+    runtime = {"backend": "packed", "dtype": "float32"}
+    results, local = tmp_path / "results", tmp_path / "runs"
+    monkeypatch.setenv("VIASD_RESULTS_DIR", str(results))
+    CostModel(synthetic()).save(results / COST / "tiny-llama__vm__packed-float32-t1.json")
+    roots = store_roots(RunStore(local))
+    assert roots == [local.resolve(), results.resolve()]
+    assert find_cost(roots, "tiny-llama", runtime, 1).path.parent == results / COST
+    CostModel(synthetic()).save(local / COST / "tiny-llama__elsewhere__packed-float32-t1.json")
+    assert find_cost(roots, "tiny-llama", runtime, 1).path.parent == local / COST
+
+
 def test_bench_cost_curve_stores_the_cost_model_once(tmp_path, capsys):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     args = [sys.executable, "-m", "experiments.bench", "--cost-curve", "pair=tiny-llama", "curve.ks=2", "curve.reps=1",

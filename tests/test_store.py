@@ -232,7 +232,8 @@ def test_results_store_is_read_beside_the_local_one_and_only_publish_writes_it(a
 def test_a_stash_carries_an_unfinished_run_to_another_machine(runs_dir, tmp_path, monkeypatch, capsys):
     """stash copies the complete examples of an interrupted run (not the line being written),
     restore puts them into another (empty) store, the same command resumes after them and ends
-    with the outputs of a run never interrupted; publish then removes the stash."""
+    with the outputs of a run never interrupted; publish then removes the stash and carries the pair's
+    cost file along (a committed one is kept)."""
     whole = _run("method=ar")
     rid, folder = whole["run_id"], runs_dir / whole["run_id"]
     tokens = [r["token_ids"] for r in RunStore(runs_dir).examples(rid)]
@@ -257,5 +258,10 @@ def test_a_stash_carries_an_unfinished_run_to_another_machine(runs_dir, tmp_path
     assert [r["token_ids"] for r in RunStore(other).examples(rid)] == tokens
     with pytest.raises(ConfigError, match="publish it instead"):
         stash([rid], RunStore(other), stash_dir)
+    (other / "_cost").mkdir()
+    (other / "_cost" / "tiny-llama__vm__packed-float32-t1.json").write_text("{}")  # what prices its speedups
     done = publish([rid], RunStore(other), tmp_path / "results", stash_dir=stash_dir)
     assert done[-1] == (rid, f"its stash removed from {stash_dir}") and not (stash_dir / rid).exists()
+    assert (tmp_path / "results" / "_cost" / "tiny-llama__vm__packed-float32-t1.json").read_text() == "{}"
+    (other / "_cost" / "tiny-llama__vm__packed-float32-t1.json").write_text('{"remeasured": 1}')
+    assert "kept the committed cost file" in publish([rid], RunStore(other), tmp_path / "results")[-1][1]

@@ -22,6 +22,9 @@ from viasd.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+#: Reserved folder of a run store holding its pairs' cost models (``viasd.analysis.cost``).
+COST_DIR = "_cost"
+
 
 def _data_candidates() -> list[Path]:
     env = os.environ.get("VIASD_DATA_DIR")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,10 @@ import numpy as np
 from scipy.interpolate import RegularGridInterpolator, interp1d
 
 from viasd.errors import ConfigError
+from viasd.paths import COST_DIR
 from viasd.utils.fs import atomic_write_json
 
-COST = "_cost"  # reserved folder of the run store
+COST = COST_DIR  # reserved folder of the run store
 
 
 def cost_name(pair: str, runtime: dict[str, Any], threads: int, host: str | None = None) -> str:
@@ -131,21 +133,31 @@ class CostModel:
         return lambda n, ctx, last: self.price(model, n, ctx, last, layers)
 
 
-def find_cost(store_root: Path, pair: str, runtime: dict[str, Any] | None = None, threads: int | None = None,
-              ) -> CostModel | None:
+def find_cost(store_root: Path | Sequence[Path], pair: str, runtime: dict[str, Any] | None = None,
+              threads: int | None = None) -> CostModel | None:
     """The cost model of ``pair`` in ``<store>/_cost/``: this host's file for the runtime first, else
-    any file of the pair and runtime, else any file of the pair; None when there is none."""
-    folder = Path(store_root) / COST
+    any file of the pair and runtime, else any file of the pair; None when there is none.
+    ``store_root``: one store, or several searched in turn (the local store, then the results store
+    committed in the repository, whose ``_cost/`` travels with the runs it prices)."""
+    roots = [store_root] if isinstance(store_root, (str, Path)) else list(store_root)
+    for root in dict.fromkeys(Path(r) for r in roots):
+        found = _find_cost_file(root / COST, pair, runtime, threads)
+        if found is not None:
+            return CostModel.load(found)
+    return None
+
+
+def _find_cost_file(folder: Path, pair: str, runtime: dict[str, Any] | None, threads: int | None) -> Path | None:
     if not folder.is_dir():
         return None
     files = sorted(folder.glob(f"{pair}__*.json"))
     if runtime is not None and threads is not None:
         exact = folder / cost_name(pair, runtime, threads)
         if exact.is_file():
-            return CostModel.load(exact)
+            return exact
         tail = cost_name(pair, runtime, threads).split("__")[-1]
         files = [f for f in files if f.name.endswith(tail)] or files
-    return CostModel.load(files[0]) if files else None
+    return files[0] if files else None
 
 
 def verifier_rows(rec: dict[str, Any], stream: str) -> int:

@@ -28,7 +28,7 @@ from viasd.engine.routing import default_self_layers
 from viasd.errors import ConfigError
 from viasd.tracking.baseline import PRIMARY, workload_key
 from viasd.tracking.proof import UNFINISHED
-from viasd.tracking.store import RunStore, RunStores, as_stores
+from viasd.tracking.store import RunStore, RunStores, as_stores, store_roots
 
 
 def load_run(store: RunStore | RunStores, run_id: str) -> dict[str, Any] | None:
@@ -159,9 +159,8 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
                        col(ar_by_id, "wall_s"))
     if cost is None:
         s = run["summary"]
-        roots = dict.fromkeys([Path(run.get("root") or store.root), Path(store.root)])  # the run's own store first
-        cost = next((c for r in roots if (c := find_cost(r, s.get("pair", ""), run["meta"].get("runtime"),
-                                                         run["meta"].get("threads"))) is not None), None)
+        roots = [Path(run.get("root") or store.root), *store_roots(store)]  # the run's own store first
+        cost = find_cost(roots, s.get("pair", ""), run["meta"].get("runtime"), run["meta"].get("threads"))
     timed = [i for i in ids if by_id[i].get("cpu_s") and ar_by_id[i].get("cpu_s")]
     cpu = Paired(0, math.nan, test="process CPU time")
     if timed:

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from viasd.errors import ConfigError
+from viasd.paths import COST_DIR as COST
 from viasd.tracking.proof import FINISHED, RECORD_FILES, UNFINISHED, inspect, reserved
 from viasd.tracking.store import RunStore, RunStores, as_stores, find_run
 
@@ -31,9 +32,27 @@ def publish(run_ids: list[str], source: RunStore | RunStores, dest: str | Path,
     out = []
     for run_id in run_ids:
         out.append(_publish_one(run_id, source, dest))
+        out += _publish_cost(run_id, find_run(run_id, source), dest)
         if stash_dir is not None and (Path(stash_dir) / run_id).is_dir():
             shutil.rmtree(Path(stash_dir) / run_id)
             out.append((run_id, f"its stash removed from {stash_dir}"))
+    return out
+
+
+def _publish_cost(run_id: str, found: dict, dest: Path) -> list[tuple[str, str]]:
+    """Copy the cost files of the run's pair (``<store>/_cost/<pair>__*.json``, what its predicted
+    speedups are priced with) into ``dest/_cost/`` when absent there; a committed one is kept."""
+    pair = (found.get("summary") or {}).get("pair") or run_id.split("__")[0]
+    out = []
+    for f in sorted((Path(found["root"]) / COST).glob(f"{pair}__*.json")):
+        target = dest / COST / f.name
+        if target.is_file():
+            if target.read_bytes() != f.read_bytes():
+                out.append((run_id, f"kept the committed cost file {target} (the local one differs)"))
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+        out.append((run_id, f"its pair's cost file published to {target}"))
     return out
 
 

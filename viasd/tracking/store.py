@@ -351,6 +351,12 @@ def as_stores(store: RunStore | RunStores | None) -> RunStores:
     return store if isinstance(store, RunStores) else RunStores([store])
 
 
+def store_roots(store: RunStore | RunStores | None) -> list[Path]:
+    """The roots of ``store`` in order, then the results store committed in the repository: where a
+    reserved folder shared by a store's runs (``_cost/``, the pair's cost model) is looked up."""
+    return list(dict.fromkeys([*(s.root for s in as_stores(store).stores), results_dir()]))
+
+
 def find_run(run_id: str, store: RunStore | RunStores | None = None) -> dict[str, Any] | None:
     """The finished valid run ``run_id`` from the user's store or the results store (None: neither has it)."""
     return as_stores(store).find(run_id)

@@ -133,3 +133,16 @@ def test_the_exps_table_names_each_row_by_its_variant_label_and_says_what_it_run
     rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| ") and "__" in ln]
     assert rows == ["ar", "sd_ngram", "ngram3"]
     assert "`ngram3` = method=sd_ngram method.gamma=3" in md and "`ar` =" not in md
+
+
+def test_a_multi_task_exp_names_its_tables_by_task_also_while_some_tasks_decode():
+    """The verdict's MBPP table is verdict_mbpp.md from the first finished task on (not verdict.md,
+    which would go stale when HumanEval finishes); a one-task exp keeps its own name."""
+    from viasd.report.interleaved import table_names
+
+    ar = {t: f"p__ar__{t}__{t[:2]}" for t in ("humaneval", "mbpp", "gsm8k")}
+    cells = [*ar.values(), "p__sd__humaneval__x", "p__sd__mbpp__y", "p__sd__gsm8k__z"]
+    assert table_names("verdict", [ar["mbpp"]], cells) == ["verdict_mbpp"]
+    assert table_names("verdict", list(ar.values()), cells) == ["verdict_humaneval", "verdict_mbpp", "verdict_gsm8k"]
+    assert table_names("main", ["p__ar__prompts__a"], ["p__ar__prompts__a", "p__sd_ngram__prompts__b"]) == ["main"]
+    assert table_names("main", ["p__ar__prompts__a", "p__ar__prompts__b"], []) == ["main_1", "main_2"]

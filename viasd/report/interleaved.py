@@ -32,18 +32,26 @@ def _groups_table(exp: str, title: str, runs, missing, out, store, scale) -> lis
     if not groups:
         rows = [[r["summary"].get("method"), r["run_id"], r["summary"].get("tokens_per_s")] for r in runs]
         return write_table(out, exp, title, ["method", "run", "tokens/s"], rows, runs, missing, scale=scale)
-    paths, tasks = [], [ar_id.split("__")[2] for ar_id in groups]
+    paths = []
     labels, legend = {r["run_id"]: r["label"] for r in runs if r.get("label")}, _legend(runs)
-    for i, (ar_id, ids) in enumerate(groups.items()):
-        if len(groups) == 1:
-            name = exp
-        elif len(set(tasks)) == len(tasks):
-            name = f"{exp}_{tasks[i]}"
-        else:
-            name = f"{exp}_{i + 1}"
+    names = table_names(exp, list(groups), [r["run_id"] for r in runs] + list(missing))
+    for name, (ar_id, ids) in zip(names, groups.items()):
         paths += write_shared(out, name, title, store, ar_id, [x for x in ids if x != ar_id], scale,
                               labels=labels, legend=legend)
     return paths
+
+
+def table_names(exp: str, ar_ids: list[str], cell_ids: list[str]) -> list[str]:
+    """The table name of each group (its ``ar`` run id): ``<exp>`` when the exp has one task,
+    ``<exp>_<task>`` when it has several (also while only some of their groups have finished, so a
+    task's table keeps its name as the others finish), ``<exp>_<i>`` when groups share a task.
+    ``cell_ids``: the run ids of all the exp's cells, finished or missing."""
+    tasks = [a.split("__")[2] for a in ar_ids]
+    if len({c.split("__")[2] for c in [*cell_ids, *ar_ids]}) == 1 and len(ar_ids) == 1:
+        return [exp]
+    if len(set(tasks)) == len(tasks):
+        return [f"{exp}_{t}" for t in tasks]
+    return [f"{exp}_{i + 1}" for i in range(len(ar_ids))]
 
 
 def _legend(runs) -> str:

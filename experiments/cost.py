@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from viasd.analysis.cost import find_cost, relative_error
+from viasd.analysis.cost import relative_error
 from viasd.analysis.paired import (
     compare_to_ar,
     differences,
@@ -30,11 +29,12 @@ from viasd.analysis.paired import (
     load_run,
     load_unfinished,
     predicted_seconds,
+    run_cost,
     workload_without_subset,
 )
 from viasd.paths import runs_dir
 from viasd.tracking.proof import FINISHED, UNFINISHED
-from viasd.tracking.store import RunStore, RunStores, store_roots
+from viasd.tracking.store import RunStore, RunStores
 
 
 def _unfinished_ar(store: RunStore, run: dict) -> dict | None:
@@ -63,8 +63,7 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
         if run is None or (pair and run["summary"].get("pair") != pair) or not run["examples"]:
             continue
         s = run["summary"]
-        cost = find_cost([Path(run.get("root") or store.root), *store_roots(store)], s.get("pair", ""),
-                         run["meta"].get("runtime"), run["meta"].get("threads"))
+        cost = run_cost(store, run)
         ar = run if s.get("method") == "ar" else (_unfinished_ar(store, run) if unfinished else find_ar(store, run))
         if cost is None or ar is None or not run["examples"]:
             continue

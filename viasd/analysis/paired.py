@@ -144,6 +144,13 @@ def predicted_seconds(cost: CostModel, run: dict[str, Any], ar: dict[str, Any], 
     return [predict_example(cost, by_id[i], prompt_len(ar_by_id[i]), streams)["total"] for i in ids]
 
 
+def run_cost(store: RunStore | RunStores, run: dict[str, Any]) -> CostModel | None:
+    """The cost model pricing ``run`` (a :func:`load_run` dict): its pair's file in the run's own
+    store first, then in ``store``'s roots and the results store (:func:`~viasd.tracking.store.store_roots`)."""
+    roots = [Path(run.get("root") or store.root), *store_roots(store)]
+    return find_cost(roots, run["summary"].get("pair", ""), run["meta"].get("runtime"), run["meta"].get("threads"))
+
+
 def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost: CostModel | None = None
                   ) -> dict[str, Any]:
     """Paired numbers of ``run`` against ``ar`` on their shared examples (see the module docstring):
@@ -158,9 +165,7 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     speed = speedup_ci(col(by_id, "new_tokens"), col(by_id, "wall_s"), col(ar_by_id, "new_tokens"),
                        col(ar_by_id, "wall_s"))
     if cost is None:
-        s = run["summary"]
-        roots = [Path(run.get("root") or store.root), *store_roots(store)]  # the run's own store first
-        cost = find_cost(roots, s.get("pair", ""), run["meta"].get("runtime"), run["meta"].get("threads"))
+        cost = run_cost(store, run)
     timed = [i for i in ids if by_id[i].get("cpu_s") and ar_by_id[i].get("cpu_s")]
     cpu = Paired(0, math.nan, test="process CPU time")
     if timed:

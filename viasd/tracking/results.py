@@ -31,8 +31,8 @@ def publish(run_ids: list[str], source: RunStore | RunStores, dest: str | Path,
     dest = Path(dest)
     out = []
     for run_id in run_ids:
-        out.append(_publish_one(run_id, source, dest))
-        out += _publish_cost(run_id, find_run(run_id, source), dest)
+        found, what = _publish_one(run_id, source, dest)
+        out += [(run_id, what), *_publish_cost(run_id, found, dest)]
         if stash_dir is not None and (Path(stash_dir) / run_id).is_dir():
             shutil.rmtree(Path(stash_dir) / run_id)
             out.append((run_id, f"its stash removed from {stash_dir}"))
@@ -56,29 +56,23 @@ def _publish_cost(run_id: str, found: dict, dest: Path) -> list[tuple[str, str]]
     return out
 
 
-def _publish_one(run_id: str, source: RunStore | RunStores, dest: Path) -> tuple[str, str]:
+def _publish_one(run_id: str, source: RunStore | RunStores, dest: Path) -> tuple[dict, str]:
+    """Copy one finished run into ``dest``: ``(its find_run record, what happened)``."""
     found = find_run(run_id, source)
     if found is None:
         v = as_stores(source).verdict(run_id)
         why = f"it is {v.state}: {v.reason}" if v is not None else "no such folder"
         raise ConfigError(f"cannot publish {run_id}: not a finished valid run ({why})")
     target = dest / run_id
+    files = {f: (found["path"] / f).read_bytes() for f in RECORD_FILES if (found["path"] / f).is_file()}
     if target.exists():
-        same = all((target / f).is_file() and (target / f).read_bytes() == (found["path"] / f).read_bytes()
-                   for f in RECORD_FILES if (found["path"] / f).is_file())
-        if not same:
+        if not all((target / f).is_file() and (target / f).read_bytes() == data for f, data in files.items()):
             raise ConfigError(f"{target} exists with other contents; remove it first to replace it")
-        return run_id, f"already in {dest}"
-    tmp = dest / f".{run_id}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in RECORD_FILES:
-        if (found["path"] / f).is_file():
-            shutil.copy2(found["path"] / f, tmp / f)
-    tmp.rename(target)
+        return found, f"already in {dest}"
+    _write_folder(target, files)
     if inspect(target).state != FINISHED:
         raise ConfigError(f"{target} does not prove itself after copying: {inspect(target).reason}")
-    return run_id, f"published to {target}"
+    return found, f"published to {target}"
 
 
 def _snapshot(src: Path, records: int) -> dict[str, bytes]:
@@ -114,10 +108,14 @@ def stash(run_ids: list[str], source: RunStore, dest: str | Path) -> list[tuple[
     out = []
     for run_id in run_ids:
         v = source.verdict(run_id)
-        if v is None or v.state != UNFINISHED or v.records == 0:
-            why = ("no such folder" if v is None else "finished: publish it instead" if v.finished
-                   else f"{v.state}: {v.reason}" if v.state != UNFINISHED else "it has no complete example yet")
-            raise ConfigError(f"cannot stash {run_id}: {why}")
+        if v is None:
+            raise ConfigError(f"cannot stash {run_id}: no such folder")
+        if v.finished:
+            raise ConfigError(f"cannot stash {run_id}: finished: publish it instead")
+        if v.state != UNFINISHED:
+            raise ConfigError(f"cannot stash {run_id}: {v.state}: {v.reason}")
+        if v.records == 0:
+            raise ConfigError(f"cannot stash {run_id}: no complete example yet")
         old = inspect(dest / run_id) if (dest / run_id).is_dir() else None
         if old is not None and old.state == UNFINISHED and old.records >= v.records:
             out.append((run_id, f"kept: the stash in {dest} has {old.records} examples (here {v.records})"))
@@ -148,14 +146,12 @@ def restore(src: str | Path, dest: RunStore, run_ids: list[str] | None = None) -
             what = "finished" if here.finished else f"unfinished with {here.records} examples"
             out.append((run_id, f"kept: {dest.root} has it {what}"))
             continue
-        lock = dest.lock(run_id)
-        dest.root.mkdir(parents=True, exist_ok=True)
+        lock = dest.lock(run_id)  # creates the folder
         if not dest.claim(lock, wait=False):
             out.append((run_id, f"skipped: being written by {lock.describe()}"))
             continue
         try:
-            files = _snapshot(v.path, v.records)
-            for name, data in files.items():
+            for name, data in _snapshot(v.path, v.records).items():
                 (dest.path(run_id) / name).write_bytes(data)
             (dest.path(run_id) / "summary.json").unlink(missing_ok=True)
         finally:

@@ -73,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name, paths in res.items():
         print(f"{name:<16} {paths if isinstance(paths, str) else ', '.join(paths)}")
-        if not isinstance(paths, str):
-            src = json.loads((Path(paths[0]).parent / f"{name}.sources.json").read_text())
-            for cmd in src.get("missing_ar", []):
-                print(f"{'':<16} no matched ar run (speedup –); create it with: {cmd}")
+        if isinstance(paths, str):
+            continue
+        # one sources file per table: an interleaved report writes one table per task (verdict_<task>.*)
+        for src_path in dict.fromkeys(Path(p).with_suffix(".sources.json") for p in paths):
+            if src_path.exists():
+                for cmd in json.loads(src_path.read_text()).get("missing_ar", []):
+                    print(f"{'':<16} no matched ar run (speedup –); create it with: {cmd}")
     return 0
 
 

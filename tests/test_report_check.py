@@ -164,3 +164,19 @@ def test_no_committed_output_is_stale(hydra, monkeypatch):
                              default_stores(runs_dir()))
     stale = [f"{v.line()}\n    fix: {v.fix}" for v in verdicts if v.state == STALE]
     assert not stale, "stale committed outputs:\n" + "\n".join(stale)
+
+
+def test_report_reads_each_tables_own_sources_when_an_exp_writes_one_table_per_task(tmp_path, monkeypatch, capsys):
+    import json
+
+    import experiments.report as report
+
+    out = tmp_path / "pf" / "cpu-large"
+    out.mkdir(parents=True)
+    (out / "verdict_mbpp.sources.json").write_text(json.dumps({"missing_ar": ["python -m experiments.run ar-mbpp"]}))
+    (out / "verdict_gsm8k.sources.json").write_text(json.dumps({"missing_ar": []}))
+    paths = [str(out / f"verdict_{t}.{s}") for t in ("mbpp", "gsm8k") for s in ("md", "tex")]
+    monkeypatch.setattr(report, "build_all", lambda *a, **k: {"verdict": paths})
+    assert report.main(["--runs", str(tmp_path / "runs"), "--results", "none", "--out", str(tmp_path / "pf")]) == 0
+    printed = capsys.readouterr().out
+    assert "verdict_mbpp.md" in printed and printed.count("create it with: python -m experiments.run ar-mbpp") == 1

@@ -40,6 +40,12 @@ def test_sd_on_a_nested_subset_is_compared_with_ar_on_the_same_examples(runs_dir
         ar_examples[e["id"]]["wall_s"] for e in sd_examples)
     sd_rate = sum(e["new_tokens"] for e in sd_examples) / sum(e["wall_s"] for e in sd_examples)
     assert abs(rows[1][5] - sd_rate / ar_rate) < 1e-9 and rows[0][5] == 1.0
+    # rejection rate = Σ rejected / Σ drafted and target calls per token, each with its interval
+    rejected, drafted = (sum(e[k] for e in sd_examples) for k in ("rejected", "drafted"))
+    assert rows[1][HEADER.index("rejection rate [95% CI]")].startswith(f"{rejected / drafted:.3f} [")
+    calls = sum(e["target_calls"] for e in sd_examples) / sum(e["new_tokens"] for e in sd_examples)
+    assert rows[1][HEADER.index("target calls / token [95% CI]")].startswith(f"{calls:.3f} [")
+    assert rows[0][HEADER.index("rejection rate [95% CI]")] == "–"  # ar drafts nothing
     assert ar["run_id"] in note
     assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--out", str(tmp_path / "o"),
                          "--scale", "smoke"]) == 0

@@ -181,3 +181,51 @@ def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
     shutil.rmtree(run)
     assert _fake_run(tmp_path / "runs", "tiny-llama", PROMPTS[:4]) == run  # the same run, one example more
     assert search_id("search.calibration_runs=[ar:prompts]")[1] not in (first, plain_id)
+
+
+def test_an_interrupted_search_resumes_from_the_trials_it_finished(deep_pair, tmp_path, monkeypatch):
+    """The samplers are seeded and the objective deterministic: a resumed search proposes the same masks,
+    looks the finished ones up instead of evaluating them, and ends where an uninterrupted one ends."""
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
+    for space in ("layers", "sublayers"):
+        cfg = SearchConfig(keep_ratio=0.5, n_random=3, n_trials=6, n_calibration=4, seq_len=16, calibration=["builtin"],
+                           space=space, n_baseline_random=2)
+        full = search_mask(deep_pair, cfg, progress=False)
+        cut = full["trials"][:9]
+        resumed = search_mask(deep_pair, cfg, progress=False, resume=cut)
+        strip = (lambda trials: [{k: v for k, v in t.items() if k != "elapsed_s"} for t in trials])
+        assert strip(resumed["trials"]) == strip(full["trials"]) and resumed["layers"] == full["layers"], space
+        assert resumed["resumed_evaluations"] == len({json.dumps(t["layers"], sort_keys=True) for t in cut})
+        assert full["resumed_evaluations"] == 0 and resumed["search_seconds"] >= cut[-1]["elapsed_s"]
+
+
+def test_a_killed_search_run_resumes_in_the_store(tmp_path, monkeypatch, capsys):
+    """Through the run store (`python -m experiments.search`): each trial is logged as it is evaluated, so a
+    process killed mid-search leaves its trials, and the same command finishes the run from them."""
+    from viasd.harness.dimr_runs import run_search
+
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path))
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "pair=tiny-llama", f"tracking.store_dir={tmp_path / 'runs'}", "search.keep_ratio=0.5", "search.n_random=2",
+            "search.n_trials=4", "search.n_calibration=4", "search.seq_len=16", "search.calibration=[builtin]",
+            "search.n_baseline_random=1"])
+    first = run_search(cfg)
+    folder = RunStore(tmp_path / "runs").path(first["run_id"])
+    lines = (folder / "examples.jsonl").read_text().splitlines()
+    (folder / "summary.json").unlink()  # as if the process had been killed after its first trials
+    (folder / "examples.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # and mid-line
+    # carried to another machine: stashed, the local folder lost, restored
+    from viasd.tracking.results import restore, stash
+    stash([first["run_id"]], RunStore(tmp_path / "runs"), tmp_path / "stash")
+    shutil.rmtree(folder)
+    restore(tmp_path / "stash", RunStore(tmp_path / "runs"))
+    capsys.readouterr()
+    again = run_search(cfg)
+    assert "resuming the search after 3 trials" in capsys.readouterr().out
+    assert again["resumed_evaluations"] == 3 and again["layers"] == first["layers"]
+    found = RunStore(tmp_path / "runs").find(first["run_id"])
+    assert found is not None  # finished and proves itself (line count, checksum)
+    after = (folder / "examples.jsonl").read_text().splitlines()
+    layers = (lambda rows: [(json.loads(r)["layers"], json.loads(r)["objective"]) for r in rows])
+    assert layers(after) == layers(lines)

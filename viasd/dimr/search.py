@@ -25,10 +25,16 @@ optimization (optuna's Gaussian-process sampler by default, ``sampler: tpe`` for
 with the best of as many random masks as the search evaluated in all, ``first_k`` and
 ``every_other``; with ``held_out > 0`` all of them are also measured on held-out calibration
 text (the numbers a table reports).
+
+A search is resumable: given the trial records an interrupted attempt logged (``resume``), each mask
+it evaluated is looked up instead of evaluated again. The samplers are seeded and the objective is
+deterministic, so the resumed search proposes the same masks in the same order and continues where
+the attempt stopped (the baselines and held-out numbers, evaluated after the trials, are recomputed).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -174,13 +180,27 @@ def _sampler(cfg: SearchConfig, n_startup: int):
     return optuna.samplers.RandomSampler(seed=cfg.seed)
 
 
+def _mask_key(spec: Any) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+def resumable(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The statistics of each mask an interrupted attempt evaluated, by mask, from its trial records
+    (records without a mask and its objective are ignored)."""
+    skip = ("number", "phase", "layers", "elapsed_s")
+    return {_mask_key(r["layers"]): {k: v for k, v in r.items() if k not in skip}
+            for r in records if isinstance(r, dict) and "layers" in r and "objective" in r}
+
+
 def search_mask(pair, cfg: SearchConfig, progress: bool = True,
                 on_trial: Callable[[dict[str, Any]], None] | None = None,
-                store_dir: str | Path | None = None) -> dict[str, Any]:
+                store_dir: str | Path | None = None, resume: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run the DIMR search for one pair and budget; returns the mask artifact (and writes it).
 
     ``on_trial`` is called with each trial's record as soon as it is evaluated (e.g. a W&B logger);
-    ``store_dir``: the run store that ``cfg.calibration_runs`` are looked up in.
+    ``store_dir``: the run store that ``cfg.calibration_runs`` are looked up in; ``resume``: the trial
+    records of an interrupted attempt at the same search (see the module docstring): their masks are
+    not evaluated again, and ``elapsed_s`` / ``search_seconds`` continue from the attempt's.
 
     The artifact's ``n_trials`` counts the budget trials (random + BO); ``n_screen`` the
     screening evaluations (each single drop, then the seed); ``n_evaluations`` both;
@@ -190,7 +210,9 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
     import optuna
 
     cfg.validate()
-    t0 = time.perf_counter()
+    memo = resumable(resume or [])
+    # a resumed search's clock continues from its attempt's last trial
+    t0 = time.perf_counter() - max((float(r.get("elapsed_s") or 0.0) for r in resume or []), default=0.0)
     space = Space(pair.target, cfg)
     n, k = space.n, space.k
     chunks, held, calib_info = calibration_split(pair, cfg, store_dir)
@@ -201,7 +223,8 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
 
     def record(plan: RoutingPlan, number: int, phase: str) -> dict[str, float]:
         if plan not in seen:
-            seen[plan] = mask_record(calib, plan, cfg, space.b)
+            hit = memo.get(_mask_key(plan.spec()))
+            seen[plan] = dict(hit) if hit is not None else mask_record(calib, plan, cfg, space.b)
         trials.append({"number": number, "phase": phase, "layers": plan.spec(), **seen[plan],
                        "elapsed_s": time.perf_counter() - t0})
         if on_trial is not None:
@@ -277,6 +300,7 @@ def search_mask(pair, cfg: SearchConfig, progress: bool = True,
                                                 "pythagorean", "param_fraction")},
         "search_seconds": search_s, "sampler": cfg.sampler, "n_trials": len(budget_trials), "n_screen": n_screen,
         "n_evaluations": n_evals, "n_unique_masks": len(seen), "best_per_phase": phase_best,
+        "resumed_evaluations": sum(_mask_key(p.spec()) in memo for p in seen),
         "calibration": {**calib_info, "sources": cfg.calibration, "n_chunks": len(chunks), "tokens": calib.n_tokens,
                         "held_out_chunks": len(held)},
         "held_out": held_out,

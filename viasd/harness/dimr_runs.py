@@ -5,6 +5,8 @@ and logs its trials; :func:`run_kl` (``python -m experiments.kl``, ``exp.entry: 
 KL geometry of a slim verifier. Both go through the store like decoding runs
 (:mod:`viasd.harness.runner`): a finished run that proves itself is returned, otherwise the run is
 computed under its lock (a second process waits, naming the holder) and written with its summary last.
+A search logs each trial to its folder as it is evaluated, so an interrupted search resumes from the
+trials it finished (the same command; ``python -m experiments.store stash`` carries them to another machine).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from viasd.harness.prereq import require_mask
 from viasd.harness.runner import claim, set_aside_invalid
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
 from viasd.tracking.wandb_logger import WandbLogger, labels_for
+from viasd.utils.fs import jsonable
 
 
 def _store_run(cfg: DictConfig, resolved: dict[str, Any], compute, reuse=lambda summary: True) -> dict[str, Any]:
     """A DIMR-search or KL run through the store: a finished one (``reuse(summary)``) is returned;
-    else, under its lock, ``compute()`` gives ``(records, summary, after)``, written as the run,
-    and ``after(summary, folder)`` runs once it is finished."""
+    else, under its lock, the folder is opened with the records an interrupted attempt left and
+    ``compute(resumed, run_dir)`` gives ``(records, summary, after)``: ``records`` are the run's records
+    (``compute`` may log them to ``run_dir`` as they come; the folder is rewritten where it holds
+    others), then the summary is written and ``after(summary, folder)`` runs."""
     store, run_id = RunStore(cfg.tracking.store_dir), run_id_for(resolved)
 
     def finished() -> dict[str, Any] | None:
@@ -45,11 +50,12 @@ def _store_run(cfg: DictConfig, resolved: dict[str, Any], compute, reuse=lambda 
     try:
         if (done := finished()) is not None:
             return done
-        records, summary, after = compute()
         set_aside_invalid(store, run_id)
-        run_dir = store.open(run_id, resolved)
-        for r in records:
-            run_dir.log_example(r)
+        resumed = store.partial_examples(run_id)
+        run_dir = store.open(run_id, resolved, resume=resumed)
+        records, summary, after = compute(resumed, run_dir)
+        if run_dir.records != [jsonable(r) for r in records]:
+            run_dir.rewrite(records)
         summary = run_dir.finish({**summary, "run_id": run_id})
     finally:
         lock.release()
@@ -67,11 +73,21 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     scfg.validate()
     resolved = identity(cfg, "search")
 
-    def compute():
+    def compute(resumed: list[dict[str, Any]], run_dir):
         pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
         wb = WandbLogger(cfg.tracking, resolved, run_id_for(resolved), **labels_for(resolved))
-        art = search_mask(pair, scfg, on_trial=wb.trial_logger(),  # trials reach W&B as they run
-                          store_dir=cfg.tracking.store_dir)
+        to_wandb, seen = wb.trial_logger(), [0]
+
+        def on_trial(trial: dict[str, Any]) -> None:  # to W&B as they run; to the folder past the resumed ones
+            to_wandb(trial)
+            seen[0] += 1
+            if seen[0] > len(resumed):
+                run_dir.log_example(trial)
+
+        if resumed:
+            print(f"[viasd] {run_id_for(resolved)}: resuming the search after {len(resumed)} trials an "
+                  f"interrupted attempt finished")
+        art = search_mask(pair, scfg, on_trial=on_trial, store_dir=cfg.tracking.store_dir, resume=resumed)
         rnd = art["baselines"]["random"]
         print(f"\nDIMR {art['pair']}: keep {art['keep_ratio']} = {art['budget']}/{art['n_layers']} layers' parameters "
               f"({art['space']}, {art['objective']}), {art['n_trials']} trials in {art['search_seconds']:.0f}s")
@@ -111,7 +127,7 @@ def run_kl(cfg: DictConfig) -> dict[str, Any]:
     calib = list(cfg.search.calibration)
     require_mask(cfg)
 
-    def compute():
+    def compute(resumed: list[dict[str, Any]], run_dir):
         pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": cfg.search.get("dtype", "float32")}))
         _, plan, desc = resolve_plan(pair, slim_cfg)
         if plan is None:

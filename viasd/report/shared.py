@@ -10,6 +10,8 @@ everything but the method and the subset size). This module owns that comparison
   ratio to the ``ar`` run's on the same ids with a bootstrap 95% interval over examples, and the
   cost model's load-free prediction of that ratio (when the pair's cost file is in the store), and
   the same ratio in process CPU seconds (``cpu_s``, where both runs recorded it);
+* the rejection rate (Σ rejected / Σ drafted: ``docs/metrics.md``) and the target model's calls per
+  new token, each a ratio of sums over the shared examples with a bootstrap 95% interval;
 * the lossless promise: per example, are the token ids those of ``ar``?
 * quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …), the
   paired difference to ``ar`` with its interval and p-value (McNemar exact for binary scores,
@@ -31,13 +33,15 @@ from viasd.analysis.paired import (
     load_unfinished,
     workload_without_subset,
 )
+from viasd.analysis.stats import Paired, share_ci
 from viasd.errors import ConfigError
 from viasd.report.common import paired_cells, write_table
 from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
 HEADER = ["method", "run", "shared examples", "new tokens", "tokens/s", "speedup vs ar (same examples)",
-          "speedup 95% CI", "predicted speedup [95% CI]", "CPU-time speedup [95% CI]", "rejection rate", "examples == ar tokens",
+          "speedup 95% CI", "predicted speedup [95% CI]", "CPU-time speedup [95% CI]", "rejection rate [95% CI]",
+          "target calls / token [95% CI]", "examples == ar tokens",
           "quality (same examples)", "ar quality (same examples)", "Δ quality [95% CI]", "p vs ar (test)"]
 
 
@@ -56,19 +60,25 @@ def _finished(store: RunStore | RunStores, run_id: str, unfinished: bool = False
     raise ConfigError(f"no finished run {run_id!r} ({why}); list the runs with `python -m experiments.store check`")
 
 
+def _ratio_cell(ratio: Paired, digits: int) -> str:
+    """``estimate [lo, hi]`` of a ratio of sums over examples; ``–`` where it is undefined (no draft)."""
+    return "–" if math.isnan(ratio.estimate) else f"{ratio.estimate:.{digits}f} {ratio.interval(digits)}"
+
+
 def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | None = None) -> list[Any]:
     cmp = compare_to_ar(store, run, ar)
     by_id = {e["id"]: e for e in run["examples"]}
     ids = cmp["ids"]
     tokens = sum(by_id[i]["new_tokens"] for i in ids)
     secs = sum(by_id[i]["wall_s"] for i in ids)
-    drafted = sum(by_id[i].get("drafted", 0) for i in ids)
-    rejected = sum(by_id[i].get("rejected", 0) for i in ids)
+    col = (lambda key: [float(by_id[i].get(key) or 0) for i in ids])
+    rejection = share_ci(col("rejected"), col("drafted"))
+    calls = share_ci(col("target_calls"), col("new_tokens"))
     cells, cpu = paired_cells(cmp), cmp["cpu"]
     cpu_cell = (f"{cpu.estimate:.2f} {cpu.interval()}" + (f" (n={cpu.n})" if cpu.n != len(ids) else "")
                 if not math.isnan(cpu.estimate) else "– (no cpu_s)")
     return [label or run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
-            cmp["speedup"].estimate, *cells[:2], cpu_cell, rejected / drafted if drafted else math.nan,
+            cmp["speedup"].estimate, *cells[:2], cpu_cell, _ratio_cell(rejection, 3), _ratio_cell(calls, 3),
             f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
 
 
@@ -110,7 +120,7 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
             f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
             f"seconds summed over those examples. Intervals: bootstrap 95% over examples (speedups, continuous "
-            f"quality); p: exact McNemar for binary scores, Wilcoxon signed-rank otherwise. The predicted speedup "
+            f"quality, rejection rate = Σ rejected / Σ drafted, target calls per new token); p: exact McNemar for binary scores, Wilcoxon signed-rank otherwise. The predicted speedup "
             f"prices each example's forward calls with the pair's measured cost file (load-free); the CPU-time "
             f"speedup divides process CPU seconds (`cpu_s`; one torch thread), which a descheduled process or a "
             f"paused machine does not advance, where the wall clock does."

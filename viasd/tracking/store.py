@@ -147,6 +147,12 @@ class Run:
         self._write("examples.jsonl", _line(record), append=True)
         self.records.append(record)
 
+    def rewrite(self, records: list[dict[str, Any]]) -> None:
+        """Replace the folder's example records (atomically): e.g. a resumed search whose trials are
+        not the interrupted attempt's."""
+        self.records = [jsonable(r) for r in records]
+        self._write("examples.jsonl", "".join(_line(r) for r in self.records))
+
     def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json`` with the
         file's line count and checksum; returns the summary as written.

@@ -14,8 +14,11 @@ from omegaconf import OmegaConf
 
 from experiments.report import main as report_main
 from tests.conftest import REAL_DATA_DIR
+from viasd.dimr.masks import mask_path
 from viasd.harness.grid import CONF_DIR, exp_cells
+from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity
+from viasd.models.pairs import store_name
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.report.check import (
     FRESH,
@@ -122,6 +125,26 @@ def test_an_absent_input_is_not_checked_and_fails_only_when_strict(checked, hydr
     assert "no data folder: set VIASD_DATA_DIR" in out and "1 not checked" in out
 
 
+def test_a_mask_searched_here_leaves_outputs_made_without_it_unchecked_not_stale(hydra, tmp_path, monkeypatch):
+    """A searched DIMR mask in this machine's cache changes what ``mask: auto`` reads, hence the via_sd
+    run ids; an output made on a clean cache (the pair's shipped mask or fallback) is then not checked."""
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
+    clean = expected_cells("fig_tiers", "smoke")
+    routed = [(c, cfg) for c, (_, cfg) in zip(clean, composed_cells(["+exp=fig_tiers", "scale=smoke"]))
+              if (src := cell_mask_source(cfg)) is not None and src.kind in ("shipped", "fallback")]
+    assert routed, "fig_tiers at smoke has a via_sd cell whose mask: auto reads a shipped mask or fallback"
+    _write(tmp_path / "paper_figures" / "smoke", "fig_tiers", [c.run_id for c in clean])
+    assert check_tree([tmp_path / "paper_figures"], [])[0][0].state == FRESH
+    slim = routed[0][1].method.slim
+    art = mask_path(store_name(OmegaConf.to_container(routed[0][1].pair, resolve=True)), float(slim.keep_ratio),
+                    str(slim.objective), str(slim.get("space", "layers")))
+    art.parent.mkdir(parents=True, exist_ok=True)
+    art.write_text(json.dumps({"layers": [0]}))  # a user's own search result
+    assert expected_cells("fig_tiers", "smoke")[clean.index(routed[0][0])].run_id != routed[0][0].run_id
+    v = check_tree([tmp_path / "paper_figures"], [])[0][0]
+    assert v.state == UNCHECKED and "reads the DIMR mask searched here" in v.reason and "fresh clone" in v.reason
+
+
 def test_compare_outputs_are_checked_against_the_runs_they_name(checked):
     verdicts, _, old_id = checked
     assert verdicts["a/smoke/shared_ok"].state == FRESH
@@ -157,7 +180,11 @@ def test_composed_cells_are_the_grids_cells(hydra):
     assert [OmegaConf.to_yaml(c, resolve=True) for _, c in fast] == [OmegaConf.to_yaml(c, resolve=True) for _, c in full]
 
 
-def test_no_committed_output_is_stale(hydra, monkeypatch):
+def test_no_committed_output_is_stale(hydra, monkeypatch, tmp_path):
+    """Checked as a fresh clone sees the tree: an empty cache, so a DIMR mask the user searched
+    (which ``method.slim.mask: auto`` reads before the pair's shipped list) cannot make committed
+    outputs look stale on one machine and fresh on another."""
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     if REAL_DATA_DIR is not None:
         monkeypatch.setenv("VIASD_DATA_DIR", str(REAL_DATA_DIR))
     verdicts, _ = check_tree([PROJECT_ROOT / "paper_figures", PROJECT_ROOT / "bench_results"],

@@ -140,7 +140,9 @@ def _inputs_here(cfg: DictConfig) -> tuple[list[str], bool]:
     An input file absent here (offline data, prompt file, a DIMR mask still to search): its hash is
     part of the run id, so the id is unknown. A ``mask: auto`` reads a searched mask artifact where
     one is cached and the pair's shipped layer list (or fallback) only where none is: the id here
-    is the shipped list's, a run made beside a searched mask has another.
+    is the one this machine's cache gives (the shipped list's, or the searched mask's), a run made
+    beside another cache has another — a cell of either kind is *not checked*, never stale, when
+    no source matches it.
     """
     entry = OmegaConf.select(cfg, "exp.entry", default="run")
     why, known = [], True
@@ -163,8 +165,12 @@ def _inputs_here(cfg: DictConfig) -> tuple[list[str], bool]:
         if src is not None and src.kind in ("shipped", "fallback"):
             slim = cfg.method.slim
             art = mask_path(store_name(OmegaConf.to_container(cfg.pair, resolve=True)),
-                            float(slim.get("keep_ratio", 0.5)), str(slim.get("objective", "kl")))
+                            float(slim.get("keep_ratio", 0.5)), str(slim.get("objective", "kl")),
+                            str(slim.get("space", "layers")))
             why.append(f"mask: auto and no searched DIMR mask here ({art}): checked against the {src.describe()}")
+        if src is not None and src.kind == "artifact":
+            why.append(f"mask: auto reads the DIMR mask searched here ({src.detail}), which a fresh clone lacks: "
+                       "checked against it (VIASD_CACHE_DIR=<empty folder> checks as a fresh clone)")
     return why, known
 
 

@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.conftest import PROMPTS
-from viasd.dimr.calibration import calibration_split, kl, tv
+from viasd.dimr.calibration import calibration_split, kl, resolve_runs, tv
 from viasd.dimr.masks import every_other_mask, first_k_mask, mask_path, random_mask
 from viasd.dimr.search import SearchConfig, kl_geometry, search_mask
 from viasd.engine.routing import RoutingPlan
@@ -181,6 +181,31 @@ def test_an_in_domain_search_id_follows_the_runs_it_reads(tmp_path):
     shutil.rmtree(run)
     assert _fake_run(tmp_path / "runs", "tiny-llama", PROMPTS[:4]) == run  # the same run, one example more
     assert search_id("search.calibration_runs=[ar:prompts]")[1] not in (first, plain_id)
+
+
+def test_calibration_runs_resolve_in_the_committed_results_store_longest_then_first_started(tmp_path, monkeypatch):
+    """A fresh clone resolves ``ar:<task>`` to the committed run its searches read; a later run of the
+    same length (e.g. an interleaved verdict ``ar`` cell) does not change the choice, a longer one does."""
+    results, user = tmp_path / "results", tmp_path / "runs"
+    monkeypatch.setenv("VIASD_RESULTS_DIR", str(results))
+
+    def run(store, seed, n, started):
+        cfg = {"pair": {"name": "tiny-llama"}, "method": {"name": "ar"}, "task": {"name": "prompts"}, "seed": seed}
+        r = RunStore(store).open(run_id_for(cfg), cfg)
+        for i in range(n):
+            r.log_example({"id": str(i), "prompt": PROMPTS[i], "token_ids": list(range(40, 72))})
+        r.finish({"pair": "tiny-llama", "method": "ar", "task": "prompts", "n_examples": n})
+        meta = json.loads((r.path / "meta.json").read_text())
+        (r.path / "meta.json").write_text(json.dumps({**meta, "started": started}))
+        return r.path
+
+    first = run(results, 1, 3, "2026-12-01T10:00:00")
+    assert resolve_runs(["ar:prompts"], "tiny-llama", user) == [first]
+    run(user, 2, 3, "2026-12-02T10:00:00")  # same length, started later: not chosen, in either store
+    run(results, 3, 3, "2026-12-03T10:00:00")
+    assert resolve_runs(["ar:prompts"], "tiny-llama", user) == [first]
+    longer = run(user, 4, 4, "2026-12-04T10:00:00")
+    assert resolve_runs(["ar:prompts"], "tiny-llama", user) == [longer]
 
 
 def test_an_interrupted_search_resumes_from_the_trials_it_finished(deep_pair, tmp_path, monkeypatch):

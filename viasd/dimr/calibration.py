@@ -40,7 +40,7 @@ from viasd.engine.paths import embed, head, make_path, run_units
 from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.errors import ConfigError
 from viasd.tasks import build_task
-from viasd.tracking.store import RunStore, file_sha256
+from viasd.tracking.store import RunStores, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,26 @@ def calibration_texts(sources: list[str], n: int, seed: int) -> list[str]:
     return texts[:n]
 
 
+def _started(run: dict[str, Any]) -> str:
+    try:
+        return str(json.loads((run["path"] / "meta.json").read_text()).get("started") or "")
+    except (OSError, ValueError):
+        return ""
+
+
 def resolve_runs(selectors: list[str], pair_name: str, store_dir: str | Path) -> list[Path]:
     """Run folders for ``selectors`` (run ids, folders, or ``method:task``); unresolved ones are
-    skipped with a warning."""
-    store, out = RunStore(store_dir), []
+    skipped with a warning.
+
+    Run ids and ``method:task`` are looked up in the store ``store_dir`` and in the results store
+    committed in the repository (:meth:`~viasd.tracking.store.RunStores.default`), so a fresh clone
+    resolves them as the machine that made the committed searches did. ``method:task`` picks the
+    finished run with the most examples, ties to the one started first: a later run of the same
+    length does not change which text (and so which run id) a search has.
+    """
+    store, out = RunStores.default(store_dir), []
     finished = None
+    where = " or ".join(str(s.root) for s in store.stores)
 
     def missing(message: str) -> None:
         if message not in _MISSING:  # once per process (identity, dry run and search all resolve)
@@ -124,11 +139,13 @@ def resolve_runs(selectors: list[str], pair_name: str, store_dir: str | Path) ->
             hits = [r for r in finished if r["summary"].get("pair") == pair_name and r["summary"].get("method") == method
                     and r["summary"].get("task") == task and (r["path"] / "examples.jsonl").is_file()]
             if hits:
-                out.append(max(hits, key=lambda r: (r["summary"].get("n_examples", 0), r["run_id"]))["path"])
+                most = max(r["summary"].get("n_examples", 0) for r in hits)
+                out.append(min((r for r in hits if r["summary"].get("n_examples", 0) == most),
+                               key=lambda r: (_started(r), r["run_id"]))["path"])
             else:
-                missing(f"DIMR calibration: no finished {method} run of {pair_name} on {task} in {store.root}")
+                missing(f"DIMR calibration: no finished {method} run of {pair_name} on {task} in {where}")
         else:
-            missing(f"DIMR calibration: run {sel} not found (not a run folder nor a run id in {store.root})")
+            missing(f"DIMR calibration: run {sel} not found (not a run folder nor a run id in {where})")
     return out
 
 

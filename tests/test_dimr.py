@@ -84,6 +84,13 @@ def test_kl_geometry_terms(deep_pair):
     full = kl_geometry(deep_pair, None, PROMPTS[:6], seq_len=16)
     assert full["kl_q_slim"] == pytest.approx(0.0, abs=1e-6) and full["kl_p_slim"] == pytest.approx(full["kl_p_q"])
     assert 0 <= out["tv_p_q"] <= 1
+    # per calibration row (the sample fig_kl's intervals resample): rows of equal length, so they average
+    # back to the token means, also when a row spans two statistics chunks and batches are uneven
+    small = kl_geometry(deep_pair, [0, 3, 7], PROMPTS[:6], seq_len=16, batch_size=4, stat_mib=0.05)
+    for key in ("kl_p_q", "kl_p_slim", "kl_slim_q"):
+        rows = small["per_text"][key]
+        assert len(rows) == len(out["per_text"][key]) > 2 and all(v >= 0 for v in rows)
+        assert sum(rows) / len(rows) == pytest.approx(out[key], rel=1e-4)
 
 
 def test_sublayer_search_reads_the_parameter_budget_and_auto_picks_it_up(deep_pair, tmp_path, monkeypatch):
@@ -145,7 +152,9 @@ def test_kl_and_tv_never_nan_on_widened_heads(tmp_path):
     pair = load_pair({"name": "hf", "loader": "hf", "target": {"id": str(tmp_path / "t")},
                       "draft": {"id": str(tmp_path / "d")}})
     out = kl_geometry(pair, [0, 1, 3], PROMPTS[:6], seq_len=16)
+    per_text = out.pop("per_text")
     assert all(math.isfinite(v) for v in out.values()), out
+    assert all(math.isfinite(v) for rows in per_text.values() for v in rows), per_text
     a = torch.log_softmax(torch.tensor([[1.0, 2.0, float("-inf")]]), -1)
     b = torch.log_softmax(torch.tensor([[0.5, 1.0, 3.0]]), -1)
     assert math.isfinite(float(kl(a, b))) and math.isfinite(float(tv(a, b))) and float(kl(a, a)) == 0.0

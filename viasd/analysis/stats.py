@@ -10,7 +10,8 @@ comparison of a run with its ``ar`` run pairs the two on the examples they share
   (``scipy.stats.wilcoxon``);
 * :func:`speedup_ci` — the speedup over ``ar`` on the shared examples (total tokens / total seconds
   against ``ar``'s) with a bootstrap 95% interval over examples;
-* :func:`wilson` — the Wilson 95% interval of a proportion (``binomtest(...).proportion_ci``).
+* :func:`wilson` — the Wilson 95% interval of a proportion (``binomtest(...).proportion_ci``);
+* :func:`mean_ci` — a mean with its bootstrap 95% interval (KL geometry over calibration texts).
 """
 
 from __future__ import annotations
@@ -113,3 +114,12 @@ def share_ci(part: list[float], total: list[float]) -> Paired:
         return Paired(len(data[0]), math.nan, test="bootstrap")
     lo, hi = _bootstrap(data, lambda p, t, axis=-1: p.sum(axis) / t.sum(axis))
     return Paired(len(data[0]), float(data[0].sum() / data[1].sum()), lo, hi, test="bootstrap over examples")
+
+
+def mean_ci(values: list[float]) -> Paired:
+    """The mean of ``values`` (e.g. a per-text KL) with its bootstrap 95% interval over them."""
+    data = np.asarray(values, dtype=float)
+    if not len(data):
+        return Paired(0, math.nan, test="bootstrap")
+    lo, hi = _bootstrap((data,), lambda x, axis: x.mean(axis=axis))
+    return Paired(len(data), float(data.mean()), lo, hi, test="bootstrap over texts")

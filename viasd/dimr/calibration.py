@@ -60,6 +60,15 @@ def kl_sum(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     return terms.sum()
 
 
+def kl_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """Per-position ``KL(a ‖ b)`` for log-probs ``[N, V]`` → ``[N]`` (the terms of :func:`kl_sum`)."""
+    pa = logp_a.exp()
+    terms = logp_a - logp_b
+    terms.mul_(pa)
+    terms.masked_fill_(pa == 0, 0.0)
+    return terms.sum(-1)
+
+
 def kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
     """Mean ``KL(a ‖ b)`` over all positions; inputs ``[..., V]`` log-probs → scalar (never NaN)."""
     return kl_sum(logp_a, logp_b) / max(1, logp_a[..., 0].numel())
@@ -334,20 +343,35 @@ class Calibration:
         return q, qs, (self._logprobs(self.draft, draft[rows]) if draft is not None else None)
 
     @torch.inference_mode()
-    def statistics(self, plan: RoutingPlan, tau_slim: float = 0.6, tv_terms: bool = False) -> dict[str, float]:
+    def statistics(self, plan: RoutingPlan, tau_slim: float = 0.6, tv_terms: bool = False,
+                   per_text: bool = False) -> dict[str, Any]:
         """Means over calibration tokens for the slim verifier ``plan``: ``kl_q_slim`` = KL(q‖q'),
         ``top1_agreement``, ``confident_top1`` (agreement where max q' ≥ ``tau_slim``; 0 when it is
         never confident) and ``confident_share``; with the draft also ``kl_p_slim``, ``kl_slim_q``,
-        ``kl_p_q`` (and the TV distances with ``tv_terms``)."""
+        ``kl_p_q`` (and the TV distances with ``tv_terms``). ``per_text`` (with the draft): also
+        ``per_text = {kl_p_slim|kl_slim_q|kl_p_q: [mean over each calibration row's positions]}``,
+        the sample an interval over texts resamples (rows have equal length, so their mean is the
+        token mean)."""
         sums: dict[str, float] = {}
+        n_rows = sum(int(b.shape[0]) for b in self.batches)
+        text_sums: dict[str, torch.Tensor] = {}
+        text_counts = torch.zeros(n_rows, dtype=torch.float64)
+        first_row = 0
 
         def add(key: str, value) -> None:
             sums[key] = sums.get(key, 0.0) + float(value)
 
         for i in range(len(self.batches)):
             slim, target, draft = self.hidden_rows(i, plan)
+            per_row = slim.shape[0] // int(self.batches[i].shape[0])  # positions of one calibration row
             for start in range(0, slim.shape[0], self.chunk):
                 q, qs, p = self.logprobs(i, start, slim, target, draft)
+                if per_text and p is not None:
+                    row = first_row + torch.arange(start, start + q.shape[0]) // per_row
+                    text_counts.index_add_(0, row, torch.ones(len(row), dtype=torch.float64))
+                    for key, (a, b) in (("kl_p_slim", (p, qs)), ("kl_slim_q", (qs, q)), ("kl_p_q", (p, q))):
+                        text_sums.setdefault(key, torch.zeros(n_rows, dtype=torch.float64)).index_add_(
+                            0, row, kl_rows(a, b).to("cpu", torch.float64))
                 add("kl_q_slim", kl_sum(q, qs))
                 agree = qs.argmax(-1) == q.argmax(-1)
                 confident = qs.max(-1).values.exp() >= tau_slim
@@ -363,7 +387,10 @@ class Calibration:
                         add("tv_p_slim", tv_sum(p, qs))
                         add("tv_slim_q", tv_sum(qs, q))
                 del q, qs, p, agree, confident  # before the next chunk is built: one chunk alive at a time
-        out = {k: v / self.n_tokens for k, v in sums.items() if k not in ("confident", "confident_agree")}
+            first_row += int(self.batches[i].shape[0])
+        out: dict[str, Any] = {k: v / self.n_tokens for k, v in sums.items() if k not in ("confident", "confident_agree")}
+        if text_sums:
+            out["per_text"] = {k: (v / text_counts.clamp(min=1)).tolist() for k, v in text_sums.items()}
         out["confident_share"] = sums["confident"] / self.n_tokens
         out["confident_top1"] = sums["confident_agree"] / sums["confident"] if sums["confident"] else 0.0
         return out

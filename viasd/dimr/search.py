@@ -332,8 +332,10 @@ def _held_out(pair, cfg: SearchConfig, held: list[list[int]], space: Space, best
 
 
 def kl_geometry(pair, layers, texts: list[str], seq_len: int = 96, batch_size: int = 8,
-                memo_mib: float = 1024.0, stat_mib: float = 64.0) -> dict[str, float]:
-    """KL(p‖q), KL(p‖q'), KL(q'‖q), KL(q‖q') and the TV distances, averaged over calibration tokens.
+                memo_mib: float = 1024.0, stat_mib: float = 64.0) -> dict[str, Any]:
+    """KL(p‖q), KL(p‖q'), KL(q'‖q), KL(q‖q') and the TV distances, averaged over calibration tokens;
+    ``per_text``: the three KL terms of the inequality per calibration row (``[n_rows]`` lists), for
+    intervals over texts.
 
     ``layers``: the slim verifier's mask (a layer list or ``{attn, mlp}``; None: the full
     target). The Pythagorean gap ``KL(p‖q) − (KL(p‖q') + KL(q'‖q))`` is positive when routing
@@ -347,9 +349,10 @@ def kl_geometry(pair, layers, texts: list[str], seq_len: int = 96, batch_size: i
     calib = Calibration(pair, chunks, batch_size, need_draft=True, memo_mib=memo_mib, stat_mib=stat_mib)
     n = num_layers(pair.target)
     plan = RoutingPlan.build(layers if layers is not None else range(n), n)
-    s = calib.statistics(plan, tv_terms=True)
-    out = {key: s[key] for key in ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "tv_p_q", "tv_p_slim",
-                                   "tv_slim_q")}
+    s = calib.statistics(plan, tv_terms=True, per_text=True)
+    out: dict[str, Any] = {key: s[key] for key in ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "tv_p_q",
+                                                   "tv_p_slim", "tv_slim_q")}
     out["pythagorean_gap"] = out["kl_p_q"] - (out["kl_p_slim"] + out["kl_slim_q"])
     out["n_tokens"] = calib.n_tokens
+    out["per_text"] = {k: [round(v, 6) for v in vals] for k, vals in s["per_text"].items()}
     return out

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from omegaconf import OmegaConf
 
-from viasd.analysis.stats import Paired, share_ci
+from viasd.analysis.stats import Paired, mean_ci, share_ci
 from viasd.report.common import (
     PAIRED_HEADER,
     PAIRED_NOTE,
@@ -59,29 +60,44 @@ def _series(runs: list[dict], xkey: str) -> tuple[list[Any], list[Stat]]:
     return ([OmegaConf.select(g[0]["config"], xkey) for g in groups], [stat([r["speedup"] for r in g]) for g in groups])
 
 
+def _kl_cis(summary: dict) -> tuple[Paired, Paired, Paired]:
+    """``(KL(p‖q), KL(p‖q')+KL(q'‖q), gap)`` with bootstrap 95% intervals over calibration texts
+    (estimates without intervals for runs made before ``per_text`` was recorded)."""
+    t = summary.get("per_text") or {}
+    if not all(t.get(k) for k in ("kl_p_q", "kl_p_slim", "kl_slim_q")):
+        via = summary["kl_p_slim"] + summary["kl_slim_q"]
+        return Paired(0, summary["kl_p_q"]), Paired(0, via), Paired(0, summary["pythagorean_gap"])
+    direct, a, b = (np.asarray(t[k], dtype=float) for k in ("kl_p_q", "kl_p_slim", "kl_slim_q"))
+    return mean_ci(list(direct)), mean_ci(list(a + b)), mean_ci(list(direct - a - b))
+
+
 @REPORTS.register("fig_kl")
 def fig_kl(runs, missing, out, store, scale):
     plt, sns = _plot_setup()
     fig, ax = plt.subplots(figsize=(5, 3))
     tasks = [r["summary"]["task"] for r in runs]
-    direct = [r["summary"]["kl_p_q"] for r in runs]
-    via = [r["summary"]["kl_p_slim"] + r["summary"]["kl_slim_q"] for r in runs]
+    cis = [_kl_cis(r["summary"]) for r in runs]
     x = range(len(runs))
-    ax.bar([i - 0.2 for i in x], direct, 0.4, label="KL(p||q)")
-    ax.bar([i + 0.2 for i in x], via, 0.4, label="KL(p||q') + KL(q'||q)")
+    for off, j, label in ((-0.2, 0, "KL(p||q)"), (0.2, 1, "KL(p||q') + KL(q'||q)")):
+        vals = [c[j].estimate for c in cis]
+        err = [[0 if math.isnan(c[j].lo) else v - c[j].lo for v, c in zip(vals, cis)],
+               [0 if math.isnan(c[j].hi) else c[j].hi - v for v, c in zip(vals, cis)]]
+        ax.bar([i + off for i in x], vals, 0.4, label=label, yerr=err, capsize=2)
     ax.set_xticks(list(x), tasks, rotation=20)
     ax.set_ylabel("nats / token")
     _legend_outside(ax)
-    ax.set_title(f"KL geometry of the routed slim verifier ({scale})")
+    ax.set_title(f"KL geometry of the routed slim verifier ({scale}; bars: 95% CI over texts)", fontsize=9)
     paths = save_figure(fig, out, "fig_kl", runs, missing, scale)
-    keys = ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "pythagorean_gap", "tv_p_q", "tv_slim_q")
-    rows = [[r["summary"].get("pair"), r["summary"]["task"], r["summary"].get("keep_ratio"), r["summary"].get("n_tokens")]
-            + [r["summary"].get(k) for k in keys] for r in runs]
-    header = ["pair", "task", "keep", "tokens", "KL(p‖q)", "KL(p‖q')", "KL(q'‖q)", "KL(q‖q')",
-              "gap KL(p‖q)−KL(p‖q')−KL(q'‖q)", "TV(p,q)", "TV(q',q)"]
+    keys = ("kl_p_q", "kl_p_slim", "kl_slim_q", "kl_q_slim", "pythagorean_gap")
+    rows = [[r["summary"].get("pair"), r["summary"]["task"], r["summary"].get("keep_ratio"), r["summary"].get("n_tokens"),
+             len((r["summary"].get("per_text") or {}).get("kl_p_q") or [])]
+            + [r["summary"].get(k) for k in keys] + [c[2].interval(3), r["summary"].get("tv_p_q"),
+                                                     r["summary"].get("tv_slim_q")] for r, c in zip(runs, cis)]
+    header = ["pair", "task", "keep", "tokens", "texts", "KL(p‖q)", "KL(p‖q')", "KL(q'‖q)", "KL(q‖q')",
+              "gap KL(p‖q)−KL(p‖q')−KL(q'‖q)", "gap 95% CI", "TV(p,q)", "TV(q',q)"]
     note = ("p: draft, q': the target's routed slim verifier, q: target (teacher-forced on each task's text). "
             "The paper's geometry needs gap ≥ 0; KL(q'‖q) < KL(p‖q) means the slim verifier is nearer the "
-            "target than the draft is.")
+            "target than the draft is. Intervals: bootstrap 95% over the calibration texts (rows of equal length).")
     return paths + write_table(out, "fig_kl", "KL geometry per task", header, rows, runs, missing, note, scale)
 
 

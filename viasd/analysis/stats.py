@@ -116,7 +116,7 @@ def share_ci(part: list[float], total: list[float]) -> Paired:
     return Paired(len(data[0]), float(data[0].sum() / data[1].sum()), lo, hi, test="bootstrap over examples")
 
 
-def mean_ci(values: list[float]) -> Paired:
+def mean_ci(values) -> Paired:
     """The mean of ``values`` (e.g. a per-text KL) with its bootstrap 95% interval over them."""
     data = np.asarray(values, dtype=float)
     if not len(data):

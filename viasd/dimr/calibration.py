@@ -50,23 +50,19 @@ MIB = 2**20
 _MISSING: set[str] = set()
 
 
-def kl_sum(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """``Σ_positions KL(a ‖ b)`` for log-probs ``[..., V]`` → scalar; ``0 · log 0 = 0`` (rows of a
+def kl_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """Per-position ``KL(a ‖ b)`` for log-probs ``[..., V]`` → ``[...]``; ``0 · log 0 = 0`` (rows of a
     widened head, ``−∞`` in ``a``, add nothing; ``a > 0`` where ``b = −∞`` gives ``+∞``)."""
     pa = logp_a.exp()
     terms = logp_a - logp_b
     terms.mul_(pa)
     terms.masked_fill_(pa == 0, 0.0)
-    return terms.sum()
-
-
-def kl_rows(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
-    """Per-position ``KL(a ‖ b)`` for log-probs ``[N, V]`` → ``[N]`` (the terms of :func:`kl_sum`)."""
-    pa = logp_a.exp()
-    terms = logp_a - logp_b
-    terms.mul_(pa)
-    terms.masked_fill_(pa == 0, 0.0)
     return terms.sum(-1)
+
+
+def kl_sum(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
+    """``Σ_positions KL(a ‖ b)`` for log-probs ``[..., V]`` → scalar (:func:`kl_rows` summed)."""
+    return kl_rows(logp_a, logp_b).sum()
 
 
 def kl(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:
@@ -354,8 +350,7 @@ class Calibration:
         token mean)."""
         sums: dict[str, float] = {}
         n_rows = sum(int(b.shape[0]) for b in self.batches)
-        text_sums: dict[str, torch.Tensor] = {}
-        text_counts = torch.zeros(n_rows, dtype=torch.float64)
+        text_sums: dict[str, torch.Tensor] = {}  # per_text: Σ over each calibration row's positions
         first_row = 0
 
         def add(key: str, value) -> None:
@@ -366,12 +361,6 @@ class Calibration:
             per_row = slim.shape[0] // int(self.batches[i].shape[0])  # positions of one calibration row
             for start in range(0, slim.shape[0], self.chunk):
                 q, qs, p = self.logprobs(i, start, slim, target, draft)
-                if per_text and p is not None:
-                    row = first_row + torch.arange(start, start + q.shape[0]) // per_row
-                    text_counts.index_add_(0, row, torch.ones(len(row), dtype=torch.float64))
-                    for key, (a, b) in (("kl_p_slim", (p, qs)), ("kl_slim_q", (qs, q)), ("kl_p_q", (p, q))):
-                        text_sums.setdefault(key, torch.zeros(n_rows, dtype=torch.float64)).index_add_(
-                            0, row, kl_rows(a, b).to("cpu", torch.float64))
                 add("kl_q_slim", kl_sum(q, qs))
                 agree = qs.argmax(-1) == q.argmax(-1)
                 confident = qs.max(-1).values.exp() >= tau_slim
@@ -379,9 +368,13 @@ class Calibration:
                 add("confident", confident.sum())
                 add("confident_agree", (agree & confident).sum())
                 if p is not None:
-                    add("kl_p_slim", kl_sum(p, qs))
-                    add("kl_slim_q", kl_sum(qs, q))
-                    add("kl_p_q", kl_sum(p, q))
+                    row = first_row + torch.arange(start, start + q.shape[0]) // per_row if per_text else None
+                    for key, (a, b) in (("kl_p_slim", (p, qs)), ("kl_slim_q", (qs, q)), ("kl_p_q", (p, q))):
+                        terms = kl_rows(a, b)
+                        add(key, terms.sum())
+                        if row is not None:
+                            text_sums.setdefault(key, torch.zeros(n_rows, dtype=torch.float64)).index_add_(
+                                0, row, terms.to("cpu", torch.float64))
                     if tv_terms:
                         add("tv_p_q", tv_sum(p, q))
                         add("tv_p_slim", tv_sum(p, qs))
@@ -389,8 +382,8 @@ class Calibration:
                 del q, qs, p, agree, confident  # before the next chunk is built: one chunk alive at a time
             first_row += int(self.batches[i].shape[0])
         out: dict[str, Any] = {k: v / self.n_tokens for k, v in sums.items() if k not in ("confident", "confident_agree")}
-        if text_sums:
-            out["per_text"] = {k: (v / text_counts.clamp(min=1)).tolist() for k, v in text_sums.items()}
+        if text_sums:  # every row has per_row positions (rows are cut to one length)
+            out["per_text"] = {k: (v / per_row).tolist() for k, v in text_sums.items()}
         out["confident_share"] = sums["confident"] / self.n_tokens
         out["confident_top1"] = sums["confident_agree"] / sums["confident"] if sums["confident"] else 0.0
         return out

@@ -68,7 +68,7 @@ def _kl_cis(summary: dict) -> tuple[Paired, Paired, Paired]:
         via = summary["kl_p_slim"] + summary["kl_slim_q"]
         return Paired(0, summary["kl_p_q"]), Paired(0, via), Paired(0, summary["pythagorean_gap"])
     direct, a, b = (np.asarray(t[k], dtype=float) for k in ("kl_p_q", "kl_p_slim", "kl_slim_q"))
-    return mean_ci(list(direct)), mean_ci(list(a + b)), mean_ci(list(direct - a - b))
+    return mean_ci(direct), mean_ci(a + b), mean_ci(direct - a - b)
 
 
 @REPORTS.register("fig_kl")

@@ -369,8 +369,10 @@ class Calibration:
                 add("confident_agree", (agree & confident).sum())
                 if p is not None:
                     row = first_row + torch.arange(start, start + q.shape[0]) // per_row if per_text else None
-                    for key, (a, b) in (("kl_p_slim", (p, qs)), ("kl_slim_q", (qs, q)), ("kl_p_q", (p, q))):
-                        terms = kl_rows(a, b)
+                    # [C]-sized terms only: a loop variable bound to p or q would keep a [C, V] chunk alive
+                    # past the `del` below (into the next chunk's peak)
+                    for key, terms in (("kl_p_slim", kl_rows(p, qs)), ("kl_slim_q", kl_rows(qs, q)),
+                                       ("kl_p_q", kl_rows(p, q))):
                         add(key, terms.sum())
                         if row is not None:
                             text_sums.setdefault(key, torch.zeros(n_rows, dtype=torch.float64)).index_add_(

@@ -1,12 +1,16 @@
 """``python -m experiments.trace run=<run id> [masks=[auto@0.8,every_other@0.5,…]] [draft=true] [intermediate=false]
-[selves=[default]] [topk=32] [temperatures=[1.0]] [chunk=128] [threads=1] [examples=N] [runs_dir=…]``
+[selves=[default]] [topk=32] [temperatures=[1.0]] [chunk=128] [threads=1] [examples=N] [runs_dir=…]
+[pair.KEY=V …]``
 
 Teacher-forces the models of a finished run's pair along its outputs (``viasd.analysis.trace``):
 the target always, the draft (``draft=true`` when the pair has one), the independent
 intermediate (``intermediate=true``), the run's own slim mask and ``self``-drafter plan, and
 every mask of ``masks`` — ``NAME[@KEEP][/OBJECTIVE|/seedN]`` with NAME one of ``auto`` (the DIMR
 mask), ``random``, ``first_k``, ``every_other``, ``independent``, ``full``, or a list of kept
-layers; ``selves`` adds ``self``-drafter plans (``default`` or a layer list). Files go to
+layers; ``selves`` adds ``self``-drafter plans (``default`` or a layer list). ``pair.KEY=V`` sets
+values of the run's pair config, e.g. ``pair.intermediate.id=qwen2.5-coder-0.5b-instruct`` to trace
+an independent intermediate a run's pair did not load (an intermediate that is the draft is traced
+once, as the draft). Files go to
 ``<store>/_traces/<run id>/``, are reused when present and resume after an interruption. Prints
 each model's trace time against the run's own decode time. Then replay policies with
 ``python -m experiments.replay run=<run id> …``.
@@ -49,6 +53,7 @@ class TraceArgs:
     threads: int = 1
     examples: int | None = None
     runs_dir: str | None = None
+    pair: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_args(argv: list[str], schema: type) -> Any:
@@ -82,11 +87,12 @@ def parse_mask(item: Any, default_keep: float) -> SlimConfig:
     return cfg
 
 
-def pair_config(stored: dict[str, Any]):
-    """The run's pair config: its ``conf/pair`` file (shipped masks included) under the stored values."""
+def pair_config(stored: dict[str, Any], overrides: dict[str, Any] | None = None):
+    """The run's pair config: its ``conf/pair`` file (shipped masks included) under the stored values,
+    under ``overrides`` (the command's ``pair.KEY=V``)."""
     base = PROJECT_ROOT / "conf" / "pair" / f"{stored.get('name')}.yaml"
     node = OmegaConf.load(base) if base.is_file() else OmegaConf.create({})
-    return OmegaConf.merge(node, stored)
+    return OmegaConf.merge(node, stored, overrides or {})
 
 
 def own_models(method: dict[str, Any]) -> tuple[list[SlimConfig], list[Any], list[float]]:
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-        pair = load_pair(pair_config(cfg["pair"]))
+        pair = load_pair(pair_config(cfg["pair"], args.pair))
         max_new = gen.get("max_new_tokens") or build_task(cfg["task"]).max_new_tokens
         examples = [Example(pair.encode(r["prompt"]), list(r["token_ids"])) for r in records]
         subjects = subjects_for(pair, slims, args.draft, args.intermediate, selves)

@@ -174,3 +174,20 @@ def test_the_shipped_frontier_grid_has_200_policies_that_compose():
     policies = replay_cmd.policies_for(groups[:4] + groups[-2:])
     assert [p.method for p in policies] == ["sd", "sd", "sd", "cascade_sd", "via_sd", "via_sd"]
     assert policies[-1].cfg.tier1_min_draft_confidence == 0.8 and policies[0].cfg.drafter.name == "model"
+
+
+def test_trace_pair_overrides_add_an_intermediate_the_run_did_not_load():
+    """``pair.intermediate.id=…`` traces table4's independent intermediate along an ``ar`` run whose pair
+    had none; an intermediate that is the draft is one model (traced once, as the draft)."""
+    from omegaconf import OmegaConf
+
+    from viasd.models.pairs import intermediate_is_draft
+    from viasd.models.pairs import pair_config as typed_pair_config
+
+    stored = {"name": "qwen2.5-coder-0.5b-1.5b", "loader": "gguf_index", "draft": {"id": "qwen2.5-coder-0.5b-instruct"},
+              "target": {"id": "qwen2.5-coder-1.5b-instruct"}, "options": {}}
+    args = trace_cmd.parse_args(["run=x", "pair.intermediate.id=qwen2.5-coder-0.5b-instruct"], trace_cmd.TraceArgs)
+    cfg = typed_pair_config(OmegaConf.to_container(trace_cmd.pair_config(stored, args.pair)))
+    assert cfg.intermediate.id == "qwen2.5-coder-0.5b-instruct" and intermediate_is_draft(cfg)
+    assert cfg.options["slim_layers"]["0.80"]  # the shipped masks still come from conf/pair
+    assert typed_pair_config(OmegaConf.to_container(trace_cmd.pair_config(stored))).intermediate is None

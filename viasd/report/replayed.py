@@ -41,6 +41,32 @@ def _drafter(r: dict[str, Any]) -> str:
     return {"sd_ngram": "ngram", "sd_hybrid": "hybrid"}.get(r.get("method"), "model")
 
 
+def _ranges(layers: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` → ``0–2,5,7–8``."""
+    out, start = [], None
+    for i, v in enumerate(layers):
+        if start is None:
+            start = v
+        if i + 1 == len(layers) or layers[i + 1] != v + 1:
+            out.append(f"{start}–{v}" if v > start else f"{v}")
+            start = None
+    return ",".join(out)
+
+
+def _slim(r: dict[str, Any]) -> str:
+    """The tier-2 verifier a replayed ``via_sd`` policy used: ``auto@0.8``, ``random@0.8``, ``independent``,
+    ``full`` or an explicit layer list (as ranges)."""
+    ov = dict(o.split("=", 1) for o in r.get("overrides", []) if "=" in o)
+    mask, keep = ov.get("method.slim.mask", "auto"), ov.get("method.slim.keep_ratio", "0.8")
+    if mask.startswith("["):
+        return f"layers {_ranges([int(x) for x in mask.strip('[]').split(',') if x.strip()])}"
+    return mask if mask in ("independent", "full") else f"{mask}@{keep}"
+
+
+def _tier2_off(r: dict[str, Any]) -> bool:
+    return any(o.startswith("method.tau_slim=") and float(o.split("=", 1)[1]) > 1 for o in r.get("overrides", []))
+
+
 def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: str, scale: str = "") -> list[str]:
     """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources) of a replayed frontier under ``out``."""
     import matplotlib.pyplot as plt
@@ -58,18 +84,25 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    colors = {"ngram": "C0", "hybrid": "C1", "model": "C2"}
+    via = [r for r in results if "tier_share/tier1" in r]
+    # colour by drafter; a grid of one drafter (an ablation of the tier-2 verifier, table4) by its slim verifier
+    key = _drafter if len({_drafter(r) for r in via}) > 1 or len({_slim(r) for r in via}) < 2 else _slim
+    groups = list(dict.fromkeys(key(r) for r in via))
+    palette = [c for c in (f"C{i}" for i in range(10)) if c != "C3"]  # C3: the lossless methods
+    colors = {g: palette[i % len(palette)] for i, g in enumerate(groups)}
+    hollow = any(_tier2_off(r) for r in via) and any(not _tier2_off(r) for r in via)
     for r in results:
         sp = r.get("predicted_speedup", math.nan)
         lossless = "tier_share/tier1" not in r
-        drafter = _drafter(r)
-        color = "C3" if lossless else colors.get(drafter, "C7")
+        color = "C3" if lossless else colors[key(r)]
+        face = "none" if hollow and not lossless and _tier2_off(r) else color
         axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="", marker="s" if lossless else "o",
-                     ms=5 if lossless else 3, color=color, alpha=0.8)
+                     ms=5 if lossless else 4, color=color, mfc=face, alpha=0.8)
         n1 = r.get("precision/tier1_n", 0)
         if n1:
             p, lo, hi = (r[f"precision/tier1{s}"] for s in ("", "_lo", "_hi"))
-            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=3, color=color, alpha=0.6, capsize=1)
+            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=4, color=color, mfc=face, alpha=0.7,
+                             capsize=1)
     named = sorted((r.get("predicted_speedup", math.nan), r["method"]) for r in results
                    if "method=via_sd" not in r.get("overrides", []) and not any("gamma" in o for o in r.get("overrides", [])))
     top = max([r.get("divergences_per_100") or 0 for r in results] + [1.0])
@@ -79,7 +112,10 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
     axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
     axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)")
-    handles = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=f"via_sd, {d} drafter") for d, c in colors.items()]
+    what = "{} drafter" if key is _drafter else "tier 2: {}"
+    handles = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=f"via_sd, {what.format(g)}") for g, c in colors.items()]
+    if hollow:
+        handles.append(Line2D([], [], ls="", marker="o", ms=4, color="C7", mfc="none", label="hollow: tier 2 off (τ_slim > 1)"))
     handles.append(Line2D([], [], ls="", marker="s", ms=5, color="C3", label="lossless methods (sd, sd_ngram,\n"
                           "sd_hybrid, cascade_sd)"))
     axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv, TraceArgs)
         if not args.run:
             raise ConfigError("name the finished run to trace: run=<run id> (its folder name in the run store)")
+        if args.pair and {"target", "name", "tokenizer"} & set(args.pair):
+            raise ConfigError("trace pair.KEY=V may add or change the draft and intermediate models, not the target, "
+                              "tokenizer or pair name: the trajectory is the run's target's (trace a run decoded with "
+                              "that target instead)")
         torch.set_num_threads(int(args.threads))
         store = RunStores.default(args.runs_dir or runs_dir())  # traces are written into the first (the user's)
         args.run = resolve_run_id(store, args.run)

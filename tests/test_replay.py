@@ -191,3 +191,12 @@ def test_trace_pair_overrides_add_an_intermediate_the_run_did_not_load():
     assert cfg.intermediate.id == "qwen2.5-coder-0.5b-instruct" and intermediate_is_draft(cfg)
     assert cfg.options["slim_layers"]["0.80"]  # the shipped masks still come from conf/pair
     assert typed_pair_config(OmegaConf.to_container(trace_cmd.pair_config(stored))).intermediate is None
+
+
+def test_trace_refuses_a_pair_override_that_changes_the_target(capsys):
+    """The trajectory is the run's target's: ``pair.target.…`` on ``trace`` is one clear error, not a trace of
+    another model along it."""
+    with pytest.raises(SystemExit):
+        trace_cmd.main(["run=x", "pair.target.id=qwen2.5-coder-1.5b-instruct"])
+    err = capsys.readouterr().err
+    assert "not the target" in err and "Traceback" not in err

@@ -59,6 +59,21 @@ def test_an_ar_example_is_priced_call_by_call_from_its_counters():
     assert got["target"] == pytest.approx(want) and got["total"] == pytest.approx(want)
 
 
+def test_a_stream_that_ran_fewer_layers_is_priced_by_its_logged_layer_work():
+    """The full model resuming after a prefix it shares with the slim verifier ran 2 of its 4 layers per
+    token (``target_layer_tokens``): it is priced as a 2-layer routed forward, not a native one."""
+    cost = CostModel(synthetic())
+    p, n = 50, 21
+    rec = {"new_tokens": n, "target_calls": n, "target_tokens": p + n - 1}
+    native = predict_example(cost, rec, p, {"target": ("target", None)})["target"]
+    assert predict_example(cost, {**rec, "target_layer_tokens": 4.0 * (p + n - 1)}, p,
+                           {"target": ("target", None)})["target"] == pytest.approx(native)  # all layers: native
+    half = predict_example(cost, {**rec, "target_layer_tokens": 2.0 * (p + n - 1)}, p, {"target": ("target", None)})
+    t = cost.entry("target")
+    assert half["target"] == pytest.approx(t.seconds(p, 0, layers=2) + (n - 1) * t.seconds(1, p + n // 2, layers=2))
+    assert half["target"] < native
+
+
 def test_find_cost_prefers_this_host_and_the_runtime(tmp_path):
     runtime = {"backend": "packed", "dtype": "float32"}
     folder = tmp_path / COST

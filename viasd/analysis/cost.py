@@ -74,7 +74,7 @@ class ModelCost:
     routed_layer: Curve | None
     head_row: float
 
-    def seconds(self, n: int, ctx: int, last: int = 1, layers: int | None = None) -> float:
+    def seconds(self, n: int, ctx: int, last: int = 1, layers: float | None = None) -> float:
         """Predicted seconds of a forward feeding ``n`` tokens after ``ctx`` cached ones, returning
         ``last`` rows; ``layers``: a routed forward through that many decoder layers."""
         if layers is None or self.routed_base is None:
@@ -114,7 +114,7 @@ class CostModel:
                               "re-measure with `python -m experiments.bench --cost-curve curve.remeasure=true`")
         return self.models[model]
 
-    def price(self, model: str, n: int, ctx: int, last: int = 1, layers: int | None = None) -> float:
+    def price(self, model: str, n: int, ctx: int, last: int = 1, layers: float | None = None) -> float:
         """Seconds of one forward of ``model``: :meth:`ModelCost.seconds`, memoized at contexts that are
         multiples of 16 and interpolated between them (exact: the curves are linear in the context
         between grid contexts, which are multiples of 16)."""
@@ -175,6 +175,18 @@ def verifier_rows(rec: dict[str, Any], stream: str) -> int:
     return calls
 
 
+def run_layers(entry: ModelCost, rec: dict[str, Any], stream: str, layers: float | None) -> float | None:
+    """Decoder layers per token ``stream`` ran in one finished example: ``<stream>_layer_tokens /
+    <stream>_tokens`` when that differs from the nominal ``layers`` (None: all of them) by half a layer
+    or more and the cost file has routed curves to price it; else ``layers`` unchanged."""
+    work, tokens = float(rec.get(f"{stream}_layer_tokens") or 0.0), int(rec.get(f"{stream}_tokens") or 0)
+    nominal = entry.n_layers if layers is None else layers
+    if not work or not tokens or nominal is None or entry.routed_base is None:
+        return layers
+    mean = work / tokens
+    return mean if abs(mean - nominal) >= 0.5 else layers
+
+
 def predict_example(cost: CostModel, rec: dict[str, Any], prompt_len: int,
                     streams: dict[str, tuple[str, int | None]]) -> dict[str, float]:
     """Predicted seconds per stream of one finished example from its counters.
@@ -182,13 +194,18 @@ def predict_example(cost: CostModel, rec: dict[str, Any], prompt_len: int,
     ``streams``: stream name → (cost model entry, routed layers or None). The first call of each
     stream feeds the prompt (at most ``prompt_len`` tokens), the others share the rest of its
     tokens evenly at the mean context (prompt + half the output); extra logits rows cost
-    ``head_row`` each (:func:`verifier_rows`). Returns ``{stream: seconds}`` and ``"total"``.
+    ``head_row`` each (:func:`verifier_rows`). A stream whose logged ``<stream>_layer_tokens`` says it
+    ran fewer (or more) decoder layers per token than its nominal plan — the full model resuming after a
+    prefix it shares with the slim verifier, the slim verifier computing that prefix — is priced as a
+    routed forward through its mean layers per token (:func:`run_layers`). Returns ``{stream: seconds}``
+    and ``"total"``.
     """
     out, n_new = {}, int(rec.get("new_tokens", 0))
     for name, (model, layers) in streams.items():
         calls, tokens = int(rec.get(f"{name}_calls", 0) or 0), int(rec.get(f"{name}_tokens", 0) or 0)
         if not calls:
             continue
+        layers = run_layers(cost.entry(model), rec, name, layers)
         first = max(1, min(prompt_len, tokens - (calls - 1)))
         rest = calls - 1
         t = cost.price(model, first, 0, 1, layers)

@@ -176,7 +176,8 @@ def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, A
         return None
     if spec != "auto":
         return CostModel.load(spec)
-    return find_cost(store_roots(store), summary.get("pair", ""), meta.get("runtime"), meta.get("threads"))
+    return find_cost(store_roots(store), summary.get("pair", ""), meta.get("runtime"), meta.get("threads"),
+                     meta.get("cpu"))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,26 @@ def test_find_cost_prefers_this_host_and_the_runtime(tmp_path):
     assert find_cost(tmp_path, "other", runtime, 1) is None
 
 
+def test_a_run_is_priced_by_a_cost_file_measured_on_its_own_cpu(tmp_path):
+    """Two CPUs behind one host name keep separate files; a run whose meta names its CPU gets that CPU's
+    file, one without it (runs decoded before ``meta.cpu``) this machine's, else any."""
+    runtime, folder = {"backend": "packed", "dtype": "float32"}, tmp_path / COST
+    folder.mkdir()
+    epyc, xeon = "AMD EPYC 7B13 (AVX2)", "Intel(R) Xeon(R) Processor (AVX512)"
+    assert cost_name("tiny-llama", runtime, 1, "vm", epyc) != cost_name("tiny-llama", runtime, 1, "vm", xeon)
+    for cpu in (epyc, xeon):
+        data = synthetic()
+        data["meta"]["cpu"] = cpu
+        CostModel(data).save(folder / cost_name("tiny-llama", runtime, 1, "vm", cpu))
+    for cpu in (epyc, xeon):
+        assert find_cost(tmp_path, "tiny-llama", runtime, 1, cpu).meta["cpu"] == cpu
+    assert find_cost(tmp_path, "tiny-llama", runtime, 1, "some other CPU") is not None  # none of its CPU: any
+    mine = synthetic()
+    mine["meta"]["cpu"] = "this machine"
+    CostModel(mine).save(folder / cost_name("tiny-llama", runtime, 1))
+    assert find_cost(tmp_path, "tiny-llama", runtime, 1).meta["cpu"] == "this machine"  # no CPU named: this host
+
+
 def test_the_cost_model_travels_with_the_results_store(tmp_path, monkeypatch):
     """A fresh clone has no local ``_cost/``: the committed results store's file prices its runs; a
     local file of the pair comes first."""

@@ -1,7 +1,7 @@
 """Load-free speed: forward calls priced with each model's measured cost.
 
-A cost file (``<store>/_cost/<pair>__<host>__<backend>-<dtype>-t<threads>.json``, written by
-``python -m experiments.bench --cost-curve``) holds, per model of a pair (``target``, ``draft``,
+A cost file (``<store>/_cost/<pair>__<host>-<cpu tag>__<backend>-<dtype>-t<threads>.json``, written by
+``python -m experiments.bench --cost-curve``; its ``meta.cpu`` names the CPU it was measured on) holds, per model of a pair (``target``, ``draft``,
 ``intermediate``), the measured seconds of one forward that feeds ``n`` new tokens after
 ``context`` cached ones and returns one logits row:
 
@@ -35,14 +35,18 @@ from scipy.interpolate import RegularGridInterpolator, interp1d
 from viasd.errors import ConfigError
 from viasd.paths import COST_DIR
 from viasd.utils.fs import atomic_write_json
+from viasd.utils.machine import cpu_tag
 
 COST = COST_DIR  # reserved folder of the run store
 
 
-def cost_name(pair: str, runtime: dict[str, Any], threads: int, host: str | None = None) -> str:
-    """The cost file name of a pair measured on ``host`` (default: this machine) with a runtime."""
+def cost_name(pair: str, runtime: dict[str, Any], threads: int, host: str | None = None, cpu: str | None = None
+              ) -> str:
+    """The cost file name of a pair measured on ``host`` and ``cpu`` (default: this machine's) with a
+    runtime; the CPU enters as a tag, so two CPUs behind one host name keep separate files."""
     host = host or platform.node() or "host"
-    return f"{pair}__{host}__{runtime.get('backend', 'eager')}-{runtime.get('dtype', 'float32')}-t{threads}.json"
+    return (f"{pair}__{host}-{cpu_tag(cpu)}__{runtime.get('backend', 'eager')}-{runtime.get('dtype', 'float32')}"
+            f"-t{threads}.json")
 
 
 class Curve:
@@ -134,29 +138,43 @@ class CostModel:
 
 
 def find_cost(store_root: Path | Sequence[Path], pair: str, runtime: dict[str, Any] | None = None,
-              threads: int | None = None) -> CostModel | None:
-    """The cost model of ``pair`` in ``<store>/_cost/``: this host's file for the runtime first, else
-    any file of the pair and runtime, else any file of the pair; None when there is none.
+              threads: int | None = None, cpu: str | None = None) -> CostModel | None:
+    """The cost model of ``pair`` in ``<store>/_cost/``: among the files of the runtime (else of the pair),
+    one measured on ``cpu`` (a run's ``meta["cpu"]``, :func:`~viasd.utils.machine.cpu_name`) first, then
+    this machine's file, then any; None when there is none.
     ``store_root``: one store, or several searched in turn (the local store, then the results store
     committed in the repository, whose ``_cost/`` travels with the runs it prices)."""
     roots = [store_root] if isinstance(store_root, (str, Path)) else list(store_root)
     for root in dict.fromkeys(Path(r) for r in roots):
-        found = _find_cost_file(root / COST, pair, runtime, threads)
+        found = _find_cost_file(root / COST, pair, runtime, threads, cpu)
         if found is not None:
             return CostModel.load(found)
     return None
 
 
-def _find_cost_file(folder: Path, pair: str, runtime: dict[str, Any] | None, threads: int | None) -> Path | None:
+def _measured_on(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("meta", {}).get("cpu")
+    except (OSError, ValueError):
+        return None
+
+
+def _find_cost_file(folder: Path, pair: str, runtime: dict[str, Any] | None, threads: int | None,
+                    cpu: str | None = None) -> Path | None:
     if not folder.is_dir():
         return None
     files = sorted(folder.glob(f"{pair}__*.json"))
     if runtime is not None and threads is not None:
+        tail = cost_name(pair, runtime, threads).split("__")[-1]
+        files = [f for f in files if f.name.endswith(tail)] or files
+    if cpu:
+        same = [f for f in files if _measured_on(f) == cpu]
+        if same:
+            return same[0]
+    if runtime is not None and threads is not None:
         exact = folder / cost_name(pair, runtime, threads)
         if exact.is_file():
             return exact
-        tail = cost_name(pair, runtime, threads).split("__")[-1]
-        files = [f for f in files if f.name.endswith(tail)] or files
     return files[0] if files else None
 
 

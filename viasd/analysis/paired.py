@@ -148,7 +148,8 @@ def run_cost(store: RunStore | RunStores, run: dict[str, Any]) -> CostModel | No
     """The cost model pricing ``run`` (a :func:`load_run` dict): its pair's file in the run's own
     store first, then in ``store``'s roots and the results store (:func:`~viasd.tracking.store.store_roots`)."""
     roots = [Path(run.get("root") or store.root), *store_roots(store)]
-    return find_cost(roots, run["summary"].get("pair", ""), run["meta"].get("runtime"), run["meta"].get("threads"))
+    meta = run["meta"]
+    return find_cost(roots, run["summary"].get("pair", ""), meta.get("runtime"), meta.get("threads"), meta.get("cpu"))
 
 
 def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost: CostModel | None = None

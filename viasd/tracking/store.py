@@ -53,6 +53,7 @@ from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names 
 from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME, RunLock
 from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, reserved
 from viasd.utils.fs import append_text, atomic_write_text, jsonable
+from viasd.utils.machine import cpu_name
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
@@ -122,7 +123,7 @@ class Run:
         self.path, self.root = path, root or path.parent
         self.records: list[dict[str, Any]] = [jsonable(r) for r in resume or []]
         self.meta = {
-            "git_sha": git_sha(), "git_dirty": git_dirty(), "host": platform.node(),
+            "git_sha": git_sha(), "git_dirty": git_dirty(), "host": platform.node(), "cpu": cpu_name(),
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "run_id": path.name, "inputs": cfg.get("inputs", {}), **(meta or {}),

@@ -173,7 +173,8 @@ def store_cost_model(cfg: DictConfig, pair, backend: str) -> None:
     print(f"measuring the cost model of {pair.name} ({backend}, {torch.get_num_threads()} thread(s)) ...")
     t0 = time.perf_counter()
     data = measure_cost_model(pair, m.ns, m.contexts, m.prefill_ns, m.reps, str(cfg.curve.clock))
-    data["meta"] = {"pair": pair.name, "host": platform.node(), "cpu": cpu_name(), "runtime": runtime, "threads": torch.get_num_threads(),
+    data["meta"] = {"pair": pair.name, "host": platform.node(), "cpu": cpu_name(), "runtime": runtime,
+                    "threads": torch.get_num_threads(),
                     "clock": str(cfg.curve.clock), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "measure_s": time.perf_counter() - t0, "torch": torch.__version__}
     cost = CostModel(data, path)

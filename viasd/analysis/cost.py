@@ -164,17 +164,15 @@ def _find_cost_file(folder: Path, pair: str, runtime: dict[str, Any] | None, thr
     if not folder.is_dir():
         return None
     files = sorted(folder.glob(f"{pair}__*.json"))
-    if runtime is not None and threads is not None:
-        tail = cost_name(pair, runtime, threads).split("__")[-1]
-        files = [f for f in files if f.name.endswith(tail)] or files
+    mine = cost_name(pair, runtime, threads) if runtime is not None and threads is not None else None
+    if mine is not None:
+        files = [f for f in files if f.name.endswith(mine.split("__")[-1])] or files
     if cpu:
         same = [f for f in files if _measured_on(f) == cpu]
         if same:
             return same[0]
-    if runtime is not None and threads is not None:
-        exact = folder / cost_name(pair, runtime, threads)
-        if exact.is_file():
-            return exact
+    if mine is not None and (folder / mine).is_file():
+        return folder / mine
     return files[0] if files else None
 
 

@@ -125,9 +125,12 @@ def test_an_absent_input_is_not_checked_and_fails_only_when_strict(checked, hydr
     assert "no data folder: set VIASD_DATA_DIR" in out and "1 not checked" in out
 
 
-def test_a_mask_searched_here_leaves_outputs_made_without_it_unchecked_not_stale(hydra, tmp_path, monkeypatch):
+def test_a_mask_searched_here_leaves_outputs_made_without_it_unchecked_not_stale(hydra, tmp_path, monkeypatch,
+                                                                                synthetic_data):
     """A searched DIMR mask in this machine's cache changes what ``mask: auto`` reads, hence the via_sd
-    run ids; an output made on a clean cache (the pair's shipped mask or fallback) is then not checked."""
+    run ids; an output made on a clean cache (the pair's shipped mask or fallback) is then not checked.
+    The cells' offline files come from the synthetic data folder (their hashes enter the run ids), so the
+    test runs on a fresh clone without the real data."""
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     clean = expected_cells("fig_tiers", "smoke")
     routed = [(c, cfg) for c, (_, cfg) in zip(clean, composed_cells(["+exp=fig_tiers", "scale=smoke"]))

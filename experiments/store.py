@@ -12,7 +12,9 @@ empty folders (never one being written) to ``DIR/<name>/``.
 ``publish`` copies finished runs (config, meta, summary, examples with token ids — no locks,
 W&B files or traces) from the local store into the results store (``--to``, default
 ``results/runs/``), so the evidence behind committed tables travels with the repository. A normal
-run never writes there; publishing there removes the run's stash.
+run never writes there; publishing there removes the run's stash. It also publishes the DIMR masks
+they read (``_masks/<pair>/``, :mod:`viasd.dimr.publish`): a search run's own mask, and a
+``mask: auto`` run's mask with the search run that made it.
 
 ``stash [RUN_ID …] [--to DIR]`` copies the complete examples of unfinished runs (default: every one
 of the local store with at least one example; also while they decode) into ``results/unfinished/``
@@ -28,6 +30,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from viasd.dimr.publish import publish_masks
 from viasd.errors import one_line_errors
 from viasd.paths import results_dir, runs_dir, unfinished_dir
 from viasd.tracking.proof import EMPTY, FINISHED, INVALID, UNFINISHED
@@ -101,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             return check(RunStores.default(user.root, None if args.results == "none" else args.results),
                          args.move_aside)
         if args.cmd == "publish":
-            done = publish(args.run_ids, user, args.to or results_dir(),
-                           stash_dir=unfinished_dir() if args.to is None else None)
+            dest = args.to or results_dir()
+            stores = RunStores.default(user.root, dest)  # a run (or search) already published is found there
+            done = publish(args.run_ids, stores, dest, stash_dir=unfinished_dir() if args.to is None else None)
+            done += publish_masks(args.run_ids, stores, Path(dest))
         elif args.cmd == "stash":
             ids = args.run_ids or [v.path.name for v in user.folders() if v.state == UNFINISHED and v.records]
             done = stash(ids, user, args.to or unfinished_dir())

@@ -1,6 +1,6 @@
 """``python -m experiments.trace run=<run id> [masks=[auto@0.8,every_other@0.5,…]] [draft=true] [intermediate=false]
-[selves=[default]] [topk=32] [temperatures=[1.0]] [chunk=128] [threads=1] [examples=N] [runs_dir=…]
-[pair.KEY=V …]``
+[selves=[default]] [topk=32] [temperatures=[1.0]] [chunk=128] [share_prefix=true] [threads=1] [examples=N]
+[runs_dir=…] [pair.KEY=V …]``
 
 Teacher-forces the models of a finished run's pair along its outputs (``viasd.analysis.trace``):
 the target always, the draft (``draft=true`` when the pair has one), the independent
@@ -10,7 +10,8 @@ mask), ``random``, ``first_k``, ``every_other``, ``independent``, ``full``, or a
 layers; ``selves`` adds ``self``-drafter plans (``default`` or a layer list). ``pair.KEY=V`` sets
 values of the run's pair config, e.g. ``pair.intermediate.id=qwen2.5-coder-0.5b-instruct`` to trace
 an independent intermediate a run's pair did not load (an intermediate that is the draft is traced
-once, as the draft). Files go to
+once, as the draft). The token prefix every prompt shares (few-shot exemplars) is fed once per model
+and each example starts from its KV (``share_prefix=false``: every prompt fed whole). Files go to
 ``<store>/_traces/<run id>/``, are reused when present and resume after an interruption. Prints
 each model's trace time against the run's own decode time. Then replay policies with
 ``python -m experiments.replay run=<run id> …``.
@@ -50,6 +51,7 @@ class TraceArgs:
     topk: int = 32
     temperatures: list[float] = field(default_factory=lambda: [1.0])
     chunk: int = 128
+    share_prefix: bool = True
     threads: int = 1
     examples: int | None = None
     runs_dir: str | None = None
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         gen = cfg.get("generation") or {}
         temperature = float(gen.get("temperature") or 0.0)
         settings = TraceSettings(args.topk, sorted({*map(float, args.temperatures), *temps,
-                                                    *([temperature] if temperature > 0 else [])}), args.chunk)
+                                                    *([temperature] if temperature > 0 else [])}), args.chunk,
+                                 args.share_prefix)
         settings.validate()
         import transformers
 

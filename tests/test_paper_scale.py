@@ -52,7 +52,8 @@ def _artifact(pair: str, ratio: float, n_layers: int) -> None:
 def test_mask_source_names_every_kind():
     slim = SlimConfig(mask="auto", keep_ratio=0.8)
     smollm2 = OmegaConf.to_container(OmegaConf.load(CONF / "pair" / "smollm2.yaml"))["options"]
-    assert mask_source("smollm2", smollm2, slim).kind == "shipped"
+    assert mask_source("smollm2", smollm2, SlimConfig(mask="auto", keep_ratio=0.7)).kind == "shipped"
+    assert mask_source("smollm2", smollm2, slim).kind == "published"  # results/runs/_masks/smollm2/keep0.80-kl.json
     assert mask_source("tiny-llama", {"slim_fallback": "every_other"}, slim).describe() == \
         "pair fallback: every_other (pair.options.slim_fallback)"
     src = mask_source("gemma2-2b-9b", {}, slim, scale="paper")

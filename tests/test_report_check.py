@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from experiments.report import main as report_main
 from tests.conftest import REAL_DATA_DIR
-from viasd.dimr.masks import mask_path
+from viasd.dimr.masks import mask_path, published_mask_path
+from viasd.errors import ConfigError
 from viasd.harness.grid import CONF_DIR, exp_cells
 from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity
@@ -148,6 +149,36 @@ def test_a_mask_searched_here_leaves_outputs_made_without_it_unchecked_not_stale
     assert v.state == UNCHECKED and "reads the DIMR mask searched here" in v.reason and "fresh clone" in v.reason
 
 
+def test_a_published_mask_is_what_a_fresh_clone_reads_so_its_cells_are_decided(hydra, tmp_path, monkeypatch,
+                                                                                synthetic_data):
+    """A mask published in the results store (``results/runs/_masks``) is read on every clone: cells reading
+    it are checked (fresh when matched; an output made with the fallback it replaced is stale, not
+    unchecked); a cached mask with other bytes than the published one is one error line."""
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VIASD_RESULTS_DIR", str(tmp_path / "results"))
+    clean = expected_cells("fig_tiers", "smoke")
+    routed = [(c, cfg) for c, (_, cfg) in zip(clean, composed_cells(["+exp=fig_tiers", "scale=smoke"]))
+              if (src := cell_mask_source(cfg)) is not None and src.kind == "fallback"]
+    slim = routed[0][1].method.slim
+    key = (store_name(OmegaConf.to_container(routed[0][1].pair, resolve=True)), float(slim.keep_ratio),
+           str(slim.objective), str(slim.get("space", "layers")))
+    published = published_mask_path(*key)
+    published.parent.mkdir(parents=True)
+    published.write_text(json.dumps({"layers": [0]}))
+    now = expected_cells("fig_tiers", "smoke")
+    assert now[clean.index(routed[0][0])].run_id != routed[0][0].run_id and not any(c.unsure for c in now)
+    _write(tmp_path / "pf" / "smoke", "fig_tiers", [c.run_id for c in now])
+    assert check_tree([tmp_path / "pf"], [])[0][0].state == FRESH
+    _write(tmp_path / "pf" / "smoke", "fig_tiers", [c.run_id for c in clean])  # made before the mask was published
+    v = check_tree([tmp_path / "pf"], [])[0][0]
+    assert v.state == STALE and "not made by the current configs" in v.reason
+    cached = mask_path(*key)
+    cached.parent.mkdir(parents=True)
+    cached.write_text(json.dumps({"layers": [1]}))
+    with pytest.raises(ConfigError, match=f"cached at {cached} is not the one published at {published}"):
+        check_tree([tmp_path / "pf"], [])
+
+
 def test_compare_outputs_are_checked_against_the_runs_they_name(checked):
     verdicts, _, old_id = checked
     assert verdicts["a/smoke/shared_ok"].state == FRESH
@@ -186,7 +217,7 @@ def test_composed_cells_are_the_grids_cells(hydra):
 def test_no_committed_output_is_stale(hydra, monkeypatch, tmp_path):
     """Checked as a fresh clone sees the tree: an empty cache, so a DIMR mask the user searched
     (which ``method.slim.mask: auto`` reads before the pair's shipped list) cannot make committed
-    outputs look stale on one machine and fresh on another."""
+    outputs look stale on one machine and fresh on another; with the data folder, none is unchecked."""
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     if REAL_DATA_DIR is not None:
         monkeypatch.setenv("VIASD_DATA_DIR", str(REAL_DATA_DIR))
@@ -194,6 +225,9 @@ def test_no_committed_output_is_stale(hydra, monkeypatch, tmp_path):
                              default_stores(runs_dir()))
     stale = [f"{v.line()}\n    fix: {v.fix}" for v in verdicts if v.state == STALE]
     assert not stale, "stale committed outputs:\n" + "\n".join(stale)
+    if REAL_DATA_DIR is not None:  # with the data, a fresh clone decides every output: the masks its runs read
+        unchecked = [v.line() for v in verdicts if v.state == UNCHECKED]  # are published (results/runs/_masks)
+        assert not unchecked, "committed outputs a fresh clone cannot check:\n" + "\n".join(unchecked)
 
 
 def test_report_reads_each_tables_own_sources_when_an_exp_writes_one_table_per_task(tmp_path, monkeypatch, capsys):

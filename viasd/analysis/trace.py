@@ -5,7 +5,9 @@ encoded it (``pair.encode`` of the rendered ``prompt`` in ``examples.jsonl``), t
 ``token_ids`` — is fed to one model (the target, the draft, an independent intermediate, or the
 target routed through a layer mask) in chunks of ``chunk`` positions through the project's
 :class:`~viasd.engine.stream.Stream` (one forward per chunk; the KV cache carries the context,
-so memory stays at one chunk of full-vocabulary rows). Row ``r`` of an example is the model's
+so memory stays at one chunk of full-vocabulary rows); the longest token prefix every prompt shares
+(few-shot exemplars, a chat template's system turn) is fed once per model and each example starts
+from its KV (:class:`~viasd.engine.stream.PrefixKV`; ``share_prefix``). Row ``r`` of an example is the model's
 next-token distribution after the prompt and the first ``r`` generated tokens (``r < N``). Per
 row only what a gate needs is kept, never the full row:
 
@@ -40,7 +42,7 @@ import torch
 from viasd.dimr.masks import resolve_plan
 from viasd.engine.drafters import DrafterConfig, self_drafter
 from viasd.engine.routing import RoutingPlan, num_layers, vocab_size_of
-from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.stream import PrefixKV, Stream, common_prefix, prefix_kv, start_sequence
 from viasd.errors import ConfigError
 from viasd.utils.fs import atomic_write_bytes, atomic_write_json, file_lock
 
@@ -51,11 +53,13 @@ ROW_KEYS = ("argmax", "lse", "topk_ids", "topk_logits", "cand_ids", "cand_logits
 
 @dataclass
 class TraceSettings:
-    """What a trace keeps per row (``topk``, ``temperatures``) and how it runs (``chunk`` positions per forward)."""
+    """What a trace keeps per row (``topk``, ``temperatures``) and how it runs (``chunk`` positions per
+    forward; ``share_prefix``: the prompts' common token prefix fed once per model)."""
 
     topk: int = 32
     temperatures: list[float] = field(default_factory=lambda: [1.0])
     chunk: int = 128
+    share_prefix: bool = True
 
     def validate(self) -> None:
         if self.topk < 1 or self.chunk < 1:
@@ -217,9 +221,10 @@ def _save(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> No
 
 @torch.inference_mode()
 def teacher_force(model, plan: RoutingPlan | None, prompt_ids: torch.Tensor, tokens: list[int], cand: np.ndarray,
-                  settings: TraceSettings) -> dict[str, np.ndarray]:
+                  settings: TraceSettings, shared: PrefixKV | None = None) -> dict[str, np.ndarray]:
     """Trace rows of one example: ``model`` (routed through ``plan``) along ``prompt_ids`` ``[1, P]``
-    then ``tokens`` (``N``), in forwards of ``settings.chunk`` positions.
+    then ``tokens`` (``N``), in forwards of ``settings.chunk`` positions (``shared``: the KV of a
+    prefix of ``prompt_ids``, which is then not fed again).
 
     ``cand``: ``[N, C]`` candidate token ids per row (``-1``: none). Returns the :data:`ROW_KEYS`
     arrays, each ``[N, …]``: row ``r`` is the model's distribution before ``tokens[r]``.
@@ -227,7 +232,7 @@ def teacher_force(model, plan: RoutingPlan | None, prompt_ids: torch.Tensor, tok
     start = start_sequence(model, prompt_ids)
     l0, n = start.shape[1], len(tokens)
     seq = torch.cat([start, torch.tensor([tokens[:-1]], dtype=torch.long, device=start.device)], 1)
-    stream = Stream(model, prompt_ids, "trace", plan)
+    stream = Stream(model, prompt_ids, "trace", plan, start=shared)
     out: dict[str, list[np.ndarray]] = {k: [] for k in ROW_KEYS}
     prev = l0 - 1
     for end in [*range(l0 - 1 + settings.chunk, l0 + n - 1, settings.chunk), l0 + n - 1]:
@@ -240,6 +245,15 @@ def teacher_force(model, plan: RoutingPlan | None, prompt_ids: torch.Tensor, tok
             out[key].append(v.cpu().numpy())
         prev = end
     return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def prompt_prefix_kv(model, plan: RoutingPlan | None, prompts: list[torch.Tensor]) -> PrefixKV | None:
+    """The KV of the longest token prefix every prompt ``[1, P_i]`` starts with (one forward), or None:
+    fewer than two prompts, none shared, or an encoder-decoder (its decoder sequences share no prompt)."""
+    if len(prompts) < 2 or getattr(model.config, "is_encoder_decoder", False):
+        return None
+    n = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    return prefix_kv(model, prompts[0][:, :n], plan) if n else None
 
 
 def trace_dir(store_root: Path, run_id: str) -> Path:
@@ -332,7 +346,12 @@ def _trace_subject(path: Path, pair, sub: Subject, examples: list[Example], sett
                    earlier: list[TraceFile], meta: dict[str, Any], log: Callable[[str], None]) -> None:
     parts = path.with_suffix(".parts")
     parts.mkdir(parents=True, exist_ok=True)
-    seconds = 0.0
+    seconds, shared, todo = 0.0, None, [ex.prompt_ids for i, ex in enumerate(examples)
+                                         if not (parts / f"{i:05d}.npz").is_file()]
+    if settings.share_prefix and (shared := prompt_prefix_kv(sub.model, sub.plan, todo)) is not None:
+        seconds += shared.seconds  # fed once for the examples left to trace
+        log(f"  {path.stem}: {shared.tokens.shape[1]} prompt tokens every example shares fed once "
+            f"({shared.seconds:.1f} s)")
     rows: list[dict[str, np.ndarray]] = []
     for i, ex in enumerate(examples):
         shard = parts / f"{i:05d}.npz"
@@ -343,7 +362,7 @@ def _trace_subject(path: Path, pair, sub: Subject, examples: list[Example], sett
             continue
         cand = _candidates(ex.tokens, [tf.rows(i).argmax for tf in earlier])
         t0 = time.perf_counter()
-        arrays = teacher_force(sub.model, sub.plan, ex.prompt_ids, ex.tokens, cand, settings)
+        arrays = teacher_force(sub.model, sub.plan, ex.prompt_ids, ex.tokens, cand, settings, shared)
         dt = time.perf_counter() - t0
         _save(shard, arrays, {"seconds": dt})
         rows.append(arrays)
@@ -367,6 +386,7 @@ def _trace_subject(path: Path, pair, sub: Subject, examples: list[Example], sett
                          "vocab": vocab_size_of(sub.model),
                          "cand_sources": [tf.path.name for tf in earlier], "rows": int(len(arrays["argmax"])),
                          "seconds": seconds, "examples": len(examples), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                         "prefix_tokens": int(shared.tokens.shape[1]) if shared is not None else 0,
                          "threads": torch.get_num_threads(), "pair": pair.name,
                          "runtime": {k: v for k, v in pair.extras.get("runtime", {}).items() if k != "dtype_probe"}})
     shutil.rmtree(parts, ignore_errors=True)

@@ -3,12 +3,15 @@
 A mask is a list of kept layers or ``{attn: [...], mlp: [...]}`` (kept sub-layers). A mask
 artifact is a JSON file (pair, model revisions, number of layers, the mask under ``layers``,
 objective and its value, every trial, search seconds) written by the DIMR search under
-``<cache>/masks/<pair>/keep<ratio>-<objective>[-sublayers].json``. ``slim.mask`` accepts
-``auto`` (that file), a path, an explicit mask, or an ablation name (``random``, ``first_k``,
-``every_other``, ``independent``, ``full``) in the search space ``slim.space`` (``layers`` or
-``sublayers``).
+``<cache>/masks/<pair>/keep<ratio>-<objective>[-sublayers].json``; one published for a fresh clone
+(the exact bytes: its sha256 is part of the run ids of the runs that read it) lies at the same
+name under the results store, ``results/runs/_masks/<pair>/`` (``python -m experiments.store
+publish <search or run id>``, :mod:`viasd.dimr.publish`). ``slim.mask`` accepts ``auto`` (that
+file), a path, an explicit mask, or an ablation name (``random``, ``first_k``, ``every_other``,
+``independent``, ``full``) in the search space ``slim.space`` (``layers`` or ``sublayers``).
 
-``auto`` never falls back silently: it reads the searched artifact, else the pair's shipped
+``auto`` never falls back silently: it reads the searched artifact (:func:`find_mask`: the cached
+one, else the published one; both, with other bytes, is a ConfigError), else the pair's shipped
 layer list (``pair.options.slim_layers``; whole layers only), else the ablation the pair config
 names as its fallback (``pair.options.slim_fallback``; the tiny random pairs name
 ``every_other``, since a search over random weights means nothing), else it stops with one line
@@ -39,12 +42,14 @@ from viasd.engine.paths import unit_params
 from viasd.engine.routing import ATTN, MLP, RoutingPlan, Unit, all_units, num_layers
 from viasd.engine.stream import SharedPrefix, Stream
 from viasd.errors import ConfigError
-from viasd.paths import cache_dir
+from viasd.paths import cache_dir, results_dir
 
 ABLATIONS = ("random", "first_k", "every_other", "independent", "full")
 #: Ablations a pair config may name as what ``auto`` uses when no mask was searched or shipped.
 FALLBACKS = ("every_other", "first_k", "random")
 SPACES = ("layers", "sublayers")
+#: Reserved folder of the results store holding the published DIMR masks (``<pair>/<mask name>``).
+MASKS_DIR = "_masks"
 
 
 def budget(n_layers: int, keep_ratio: float) -> int:
@@ -153,10 +158,41 @@ def sublayer_every_other(b: Budget) -> RoutingPlan:
     return b.fill(attn + picked)
 
 
-def mask_path(pair_name: str, keep_ratio: float, objective: str = "kl", space: str = "layers") -> Path:
-    """Where the DIMR search stores the mask for a pair / budget / objective / search space."""
+def mask_name(keep_ratio: float, objective: str = "kl", space: str = "layers") -> str:
+    """File name of the mask of a budget / objective / search space (``keep0.80-kl.json``)."""
     suffix = "" if space == "layers" else f"-{space}"
-    return cache_dir() / "masks" / pair_name / f"keep{keep_ratio:.2f}-{objective}{suffix}.json"
+    return f"keep{float(keep_ratio):.2f}-{objective}{suffix}.json"
+
+
+def mask_path(pair_name: str, keep_ratio: float, objective: str = "kl", space: str = "layers") -> Path:
+    """Where the DIMR search stores the mask for a pair / budget / objective / search space (the cache)."""
+    return cache_dir() / "masks" / pair_name / mask_name(keep_ratio, objective, space)
+
+
+def published_mask_path(pair_name: str, keep_ratio: float, objective: str = "kl", space: str = "layers",
+                        root: Path | None = None) -> Path:
+    """Where the results store (``root``, default ``results/runs/``) holds the published mask of the same key."""
+    return Path(root or results_dir()) / MASKS_DIR / pair_name / mask_name(keep_ratio, objective, space)
+
+
+def find_mask(pair_name: str, keep_ratio: float, objective: str = "kl",
+              space: str = "layers") -> tuple[str, Path] | None:
+    """``("published", path)`` or ``("artifact", path)``: the searched mask ``mask: auto`` reads (None: none).
+
+    The published mask (the results store's) unless only the cache has one; a cached mask byte-equal
+    to the published one reads as published (a fresh clone reads the same bytes). Both present with
+    other bytes is a ConfigError: the run ids would follow this machine's cache, not the repository.
+    """
+    cached = mask_path(pair_name, keep_ratio, objective, space)
+    published = published_mask_path(pair_name, keep_ratio, objective, space)
+    if published.is_file():
+        if cached.is_file() and cached.read_bytes() != published.read_bytes():
+            raise ConfigError(f"the DIMR mask cached at {cached} is not the one published at {published} (pair "
+                              f"{pair_name}, keep {float(keep_ratio):.2f}, {objective}, {space}): remove the cached "
+                              f"file to read the published mask, or remove the published one and publish yours "
+                              f"(`python -m experiments.store publish <its search run id>`)")
+        return "published", published
+    return ("artifact", cached) if cached.is_file() else None
 
 
 def load_mask_artifact(path: str | Path, n_layers: int | None = None) -> dict[str, Any]:
@@ -199,7 +235,8 @@ def ablation_plan(target, name: str, keep_ratio: float, seed: int = 0, space: st
 class MaskSource:
     """Where a slim config's mask comes from, decided without loading a model.
 
-    ``kind``: ``artifact`` (a searched DIMR mask file), ``shipped`` (the pair config's layer
+    ``kind``: ``published`` (a searched DIMR mask the results store holds), ``artifact`` (one only
+    this machine's cache holds), ``shipped`` (the pair config's layer
     list), ``fallback`` (the ablation ``pair.options.slim_fallback`` names), ``ablation``
     (asked for by name), ``explicit`` (a layer list), ``file`` (a mask path), or ``search``
     (none yet: ``detail`` is the command that searches it).
@@ -209,7 +246,7 @@ class MaskSource:
     detail: str
 
     def describe(self) -> str:
-        labels = {"artifact": "searched DIMR artifact", "shipped": "shipped layer list", "fallback": "pair fallback",
+        labels = {"published": "published DIMR mask", "artifact": "searched DIMR artifact", "shipped": "shipped layer list", "fallback": "pair fallback",
                   "ablation": "explicit ablation", "explicit": "explicit layers", "file": "mask file",
                   "search": "search to run"}
         return f"{labels[self.kind]}: {self.detail}"
@@ -252,9 +289,9 @@ def mask_source(pair_name: str, options: Mapping[str, Any] | None, slim_cfg, sca
         if not Path(mask).expanduser().is_file():
             raise ConfigError(f"mask file not found: {mask}")
         return MaskSource("file", mask)
-    path = mask_path(pair_name, ratio, slim_cfg.objective, space)
-    if path.is_file():
-        return MaskSource("artifact", str(path))
+    found = find_mask(pair_name, ratio, slim_cfg.objective, space)
+    if found is not None:
+        return MaskSource(found[0], str(found[1]))
     if space == "layers" and (options.get("slim_layers") or {}).get(f"{ratio:.2f}") is not None:
         return MaskSource("shipped", f"pair.options.slim_layers['{ratio:.2f}']")
     fallback = options.get("slim_fallback")
@@ -267,9 +304,10 @@ def mask_source(pair_name: str, options: Mapping[str, Any] | None, slim_cfg, sca
 
 def no_mask_error(pair_name: str, slim_cfg, source: MaskSource) -> ConfigError:
     """The one-line error of a ``mask: auto`` that has no mask to read (``source.kind == "search"``)."""
+    key = (pair_name, float(slim_cfg.keep_ratio), slim_cfg.objective, _space(slim_cfg))
     return ConfigError(
-        f"no DIMR mask for pair {pair_name!r} at keep_ratio={float(slim_cfg.keep_ratio):.2f} "
-        f"({mask_path(pair_name, float(slim_cfg.keep_ratio), slim_cfg.objective, _space(slim_cfg))} missing): search it first with "
+        f"no DIMR mask for pair {pair_name!r} at keep_ratio={key[1]:.2f} ({mask_path(*key)} missing, none "
+        f"published at {published_mask_path(*key)}): search it first with "
         f"`{source.detail}`, or ask for an ablation explicitly (method.slim.mask=every_other)"
     )
 
@@ -301,7 +339,7 @@ def resolve_plan(pair, slim_cfg) -> tuple[Any, RoutingPlan | None, str]:
         return target, plan, (f"random seed {slim_cfg.seed}" if mask == "random" else mask) + where
     if mask == "auto":
         source = mask_source(pair.name, pair.extras, slim_cfg)
-        if source.kind == "artifact":
+        if source.kind in ("published", "artifact"):
             path = Path(source.detail)
             art = load_mask_artifact(path, n)
             return target, RoutingPlan.build(art["layers"], n, f"mask {path}"), f"dimr {path.name}"

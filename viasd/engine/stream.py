@@ -18,6 +18,12 @@ All transformers cache calls live here (transformers 5.x: forward takes ``cache=
 ``.cache``; ``Cache.crop`` only removes a fixed count from every layer, so rollback crops each
 layer — of each cache, the shared one included — to its own absolute length).
 
+**Shared start.** Sequences that begin with the same tokens (prompts sharing few-shot exemplars)
+need not prefill them each: :func:`prefix_kv` runs a stream once over the common prefix and
+freezes its cache (:class:`PrefixKV`); a stream started from it (``Stream(..., start=kv)``) holds
+copies of its layer objects over the same tensors — never written in place: a forward
+concatenates new KV into new tensors and a rollback slices — and feeds only what follows.
+
 Decoder-only models: the sequence is prompt + generated tokens. Encoder-decoder models (T5):
 the encoder runs once on the prompt and the sequence is the decoder's, starting with
 ``decoder_start_token_id``; only the self-attention cache is rolled back.
@@ -25,6 +31,7 @@ the encoder runs once on the prompt and the sequence is the decoder's, starting 
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -157,6 +164,33 @@ class SharedPrefix:
         return self.hidden[:, keep - self.lo:], ran
 
 
+class PrefixKV:
+    """The frozen KV cache of one model (routed through one plan) over a token prefix ``[1, S]``,
+    that streams of sequences starting with those tokens start from (decoder-only models).
+
+    ``seconds``: the forward that computed it.
+    """
+
+    def __init__(self, stream: Stream, seconds: float = 0.0):
+        if stream.is_encoder_decoder:
+            raise ValueError("a prefix KV is for decoder-only models (an encoder-decoder's decoder shares no prompt)")
+        self.model, self.plan, self.tokens, self.seconds = stream.model, stream.plan, stream.tokens, seconds
+        self.layers = [copy.copy(layer) for layer in stream.cache.layers]
+
+    def cache(self) -> DynamicCache:
+        """A new cache holding the prefix: its own layer objects over the prefix's (shared) tensors."""
+        cache = fresh_cache(self.model)
+        cache.layers = [copy.copy(layer) for layer in self.layers]
+        return cache
+
+
+def prefix_kv(model: PreTrainedModel, prefix_ids: torch.Tensor, plan=None) -> PrefixKV:
+    """The KV cache of ``model`` (routed through ``plan``) over ``prefix_ids`` ``[1, S]``: one forward."""
+    stream = Stream(model, prefix_ids, "prefix", plan)
+    stream.logits(prefix_ids)
+    return PrefixKV(stream, stream.stats.seconds)
+
+
 class Stream:
     """One model + its KV cache following the decoding sequence.
 
@@ -168,10 +202,12 @@ class Stream:
             kept sub-layers and its cache holds entries for those layers only.
         prefix: optional :class:`SharedPrefix` of ``model``; the stream then takes the sub-layers
             before ``prefix.boundary`` from it and runs (and caches) only its own units after it.
+        start: optional :class:`PrefixKV` of ``model`` and ``plan`` whose tokens begin ``prompt_ids``:
+            the stream starts with them cached (rolled back like its own where a sequence leaves them).
     """
 
     def __init__(self, model: PreTrainedModel, prompt_ids: torch.Tensor, name: str, plan=None,
-                 prefix: SharedPrefix | None = None):
+                 prefix: SharedPrefix | None = None, start: PrefixKV | None = None):
         self.model = model
         self.name = name
         self.plan = plan  # a RoutingPlan: run only these sub-layers (slim verifier / self-draft)
@@ -191,6 +227,10 @@ class Stream:
             self.stats.tokens += prompt_ids.shape[1]
         if prefix is not None:
             prefix.streams.append(self)
+        if start is not None:
+            if start.model is not model or start.plan != plan or prefix is not None:
+                raise ValueError("a stream starts from a prefix KV of its own model and plan (and no shared prefix)")
+            self.cache, self.tokens = start.cache(), start.tokens
 
     @property
     def length(self) -> int:

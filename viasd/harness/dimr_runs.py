@@ -18,11 +18,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.config import to_dataclass
-from viasd.dimr.masks import resolve_plan
+from viasd.dimr.masks import published_mask_path, resolve_plan
 from viasd.errors import ConfigError
 from viasd.harness.identity import _prepare, cached_pair, identity
 from viasd.harness.prereq import require_mask
 from viasd.harness.runner import claim, set_aside_invalid
+from viasd.paths import results_dir
 from viasd.tracking.store import RunStore, file_sha256, run_id_for
 from viasd.tracking.wandb_logger import WandbLogger, labels_for
 from viasd.utils.fs import jsonable
@@ -72,6 +73,8 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
     scfg = to_dataclass(SearchConfig, cfg.search)
     scfg.validate()
     resolved = identity(cfg, "search")
+    if (published := _published_search(run_id_for(resolved), scfg)) is not None:
+        return published
 
     def compute(resumed: list[dict[str, Any]], run_dir):
         pair = cached_pair(OmegaConf.merge(cfg.pair, {"dtype": scfg.dtype}))
@@ -113,6 +116,20 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
         return art["trials"], summary, after
 
     return _store_run(cfg, resolved, compute, reuse=lambda s: Path(s.get("path", "")).is_file())
+
+
+def _published_search(run_id: str, scfg) -> dict[str, Any] | None:
+    """The summary of search ``run_id`` when the results store has it finished and its mask published
+    (the same bytes: :mod:`viasd.dimr.publish`), so a fresh clone does not search again; else None."""
+    found = RunStore(results_dir()).find(run_id) if results_dir().is_dir() and not scfg.out else None
+    if found is None:
+        return None
+    s = found["summary"]
+    path = published_mask_path(str(s.get("pair")), scfg.keep_ratio, scfg.objective, scfg.space)
+    if not path.is_file() or file_sha256(path) != s.get("mask_sha256"):
+        return None
+    print(f"[viasd] {run_id}: finished in the results store ({found['path']}), its mask published at {path}: skipping")
+    return {**s, "path": str(path)}
 
 
 def run_kl(cfg: DictConfig) -> dict[str, Any]:

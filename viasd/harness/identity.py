@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from viasd.dimr.calibration import calibration_inputs
-from viasd.dimr.masks import mask_path, resolve_plan
+from viasd.dimr.masks import find_mask, resolve_plan
 from viasd.harness.config import drop_unset, unpin_local_hub
 from viasd.models.pairs import MASK_OPTIONS, store_name
 from viasd.paths import data_dir
@@ -51,8 +51,9 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     """Every existing input file a run of ``cfg`` reads: ``{config key: path}``.
 
     The task's prompt file (``task.path``) or offline data file (``task.offline_file``, relative
-    to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` or a
-    ``.json`` path resolves to. Missing files are left out (the task/mask loader reports them).
+    to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` (published or
+    cached: :func:`~viasd.dimr.masks.find_mask`) or a ``.json`` path resolves to. Missing files are
+    left out (the task/mask loader reports them).
     """
     files: dict[str, Path] = {}
     task = cfg.get("task") or {}
@@ -68,8 +69,10 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
         mask = slim.mask
         if mask == "auto":
             name = store_name(OmegaConf.to_container(cfg.pair, resolve=True))  # pair=hf: hf-<checkpoint>
-            files["method.slim.mask"] = mask_path(name, float(slim.get("keep_ratio", 0.5)),
-                                                  str(slim.get("objective", "kl")), str(slim.get("space", "layers")))
+            found = find_mask(name, float(slim.get("keep_ratio", 0.5)), str(slim.get("objective", "kl")),
+                              str(slim.get("space", "layers")))  # the published mask, else the cached one
+            if found is not None:
+                files["method.slim.mask"] = found[1]
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
     return {k: p for k, p in files.items() if p.is_file()}

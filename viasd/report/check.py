@@ -10,14 +10,16 @@ the runner and the dry run do). Each output is
   source run is not a run the exp's cells at that scale make now (the cells composed as the grid
   composes them), a speedup's ``ar`` run is not the matched ``ar`` run of its cell's workload, a
   current cell is neither among its runs nor among its missing cells, or the exp has no such
-  scale; for any other output (``experiments.compare``'s, e.g. ``humaneval_shared.*``: not an
+  scale; for any other output (``experiments.compare``'s, e.g. ``verdict_mbpp.*``: not an
   exp, the run ids it compared), when a named run's folder is found in a run store and its
   recorded ``config.yaml``, laid over the current composition of its pair, method, drafter and
   task, no longer hashes to its id (a key the current code adds, a key it dropped, an input file
   that changed), or the folder is not a finished run of that id;
 * **not checked** when that cannot be decided here: a cell reads an input file absent on this
-  machine (an offline data file without ``VIASD_DATA_DIR``, a prompt file, a DIMR mask artifact
-  not searched here), so its run id is unknown, or a compared run is in no run store read;
+  machine (an offline data file without ``VIASD_DATA_DIR``, a prompt file, a DIMR mask neither
+  searched here nor published), so its run id is unknown; a ``mask: auto`` cell reads a mask only
+  this machine's cache holds (not published in the results store: a fresh clone reads another);
+  or a compared run is in no run store read;
 * **fresh** otherwise.
 
 Outputs under ``bench_results/`` without a sources file are benchmark tables measured in one
@@ -45,13 +47,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from viasd.dimr.masks import mask_path
 from viasd.errors import ConfigError
 from viasd.harness.grid import CONF_DIR, exp_jobs
 from viasd.harness.interleave import expand
 from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity, input_files
-from viasd.models.pairs import store_name
 from viasd.paths import PROJECT_ROOT, data_dir
 from viasd.report.build import REPORTS, scales
 from viasd.tracking.store import RENAMED_METHODS, run_id_for
@@ -83,7 +83,7 @@ class Verdict:
 class Cell:
     """A cell of an exp at a scale: its run id's ``pair__method__task`` prefix, the run id it makes
     here (None: an input it reads is absent, so its id is unknown), ``unsure``: why another machine
-    may make another id (absent inputs; a ``mask: auto`` with no searched mask cached here), and the
+    may make another id (absent inputs; a ``mask: auto`` reading a mask only this cache holds), and the
     run ids its matched ``ar`` run may have."""
 
     prefix: str
@@ -138,11 +138,10 @@ def _inputs_here(cfg: DictConfig) -> tuple[list[str], bool]:
     """``(why the cell's run id may differ elsewhere, whether it can be computed here)``.
 
     An input file absent here (offline data, prompt file, a DIMR mask still to search): its hash is
-    part of the run id, so the id is unknown. A ``mask: auto`` reads a searched mask artifact where
-    one is cached and the pair's shipped layer list (or fallback) only where none is: the id here
-    is the one this machine's cache gives (the shipped list's, or the searched mask's), a run made
-    beside another cache has another — a cell of either kind is *not checked*, never stale, when
-    no source matches it.
+    part of the run id, so the id is unknown. A ``mask: auto`` reads the published DIMR mask (the
+    results store's), else the pair's shipped layer list or fallback — what a fresh clone reads, so
+    the id here is a fresh clone's — unless this machine's cache holds a mask nobody published: the
+    id here is then this cache's, and a cell not matched by a source is *not checked*, never stale.
     """
     entry = OmegaConf.select(cfg, "exp.entry", default="run")
     why, known = [], True
@@ -162,15 +161,10 @@ def _inputs_here(cfg: DictConfig) -> tuple[list[str], bool]:
             return [*why, str(e)], False
         if src is not None and src.kind == "search":
             return [*why, f"DIMR mask not searched here ({src.detail})"], False
-        if src is not None and src.kind in ("shipped", "fallback"):
-            slim = cfg.method.slim
-            art = mask_path(store_name(OmegaConf.to_container(cfg.pair, resolve=True)),
-                            float(slim.get("keep_ratio", 0.5)), str(slim.get("objective", "kl")),
-                            str(slim.get("space", "layers")))
-            why.append(f"mask: auto and no searched DIMR mask here ({art}): checked against the {src.describe()}")
         if src is not None and src.kind == "artifact":
             why.append(f"mask: auto reads the DIMR mask searched here ({src.detail}), which a fresh clone lacks: "
-                       "checked against it (VIASD_CACHE_DIR=<empty folder> checks as a fresh clone)")
+                       "checked against it (publish it: `python -m experiments.store publish <its search run "
+                       "id>`; VIASD_CACHE_DIR=<empty folder> checks as a fresh clone)")
     return why, known
 
 

@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 from viasd.errors import ConfigError
 
 __all__ = ["FILE_MODE", "append_text", "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "file_lock",
-           "jsonable"]
+           "json_text", "jsonable"]
 
 #: Mode of every written file before the umask, like ``open(..., "w")`` (0644 under umask 022).
 FILE_MODE = 0o666
@@ -79,9 +79,14 @@ def _atomic_write(path: str | Path, data: str | bytes, mode: str) -> None:
         raise
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as the text :func:`atomic_write_json` writes (indented, key-sorted strict JSON, a final newline)."""
+    return json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted strict JSON (NaN/inf → ``null``) atomically to ``path``."""
-    atomic_write_text(path, json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def append_text(path: str | Path, text: str) -> None:

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from viasd.models.tiny import build_tiny_pair
 from viasd.paths import PROJECT_ROOT
@@ -67,6 +68,9 @@ MAPPED = {
     "experiments.gpu_smoke [--paper-shapes]": "--device cpu --prompts 1 --max-new-tokens 4: no GPU here",
     "run=smollm2__… / run=<run id>": f"run={TINY_AR_RUN}: the tiny pair's ar run an earlier command made",
     "KEY=conf/…": "KEY=<checkout>/conf/…: the commands run in a temporary folder, the docs' in the checkout",
+    "experiments.replay grid=conf/replay/X.yaml": "a copy of that grid with every list cut to its first value (one "
+                                                  "policy per entry, not 226): every policy of the shipped grids "
+                                                  "composes in tests/test_replay.py",
 }  # fmt: skip
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.M | re.S)
 COMMAND_LINE = re.compile(r"^\s*(\$ |python -m |make )")
@@ -128,6 +132,17 @@ def _without_option(args: list[str], name: str) -> list[str]:
     return out
 
 
+def write_small_grids(argv: list[str]) -> None:
+    """Write each ``grid=<workdir>/grids/NAME`` of ``argv`` (:func:`tiny_form`) from ``conf/replay/NAME``,
+    every list of its policies cut to its first value."""
+    for a in argv:
+        if a.startswith("grid=") and Path(a[5:]).parent.name == "grids":
+            grid = yaml.safe_load((PROJECT_ROOT / "conf" / "replay" / Path(a[5:]).name).read_text(encoding="utf-8"))
+            small = [{k: v[0] if isinstance(v, list) else v for k, v in entry.items()} for entry in grid["policies"]]
+            Path(a[5:]).parent.mkdir(exist_ok=True)
+            Path(a[5:]).write_text(yaml.safe_dump({"policies": small}), encoding="utf-8")
+
+
 def tiny_form(line: str, hf_folder: Path) -> list[str]:
     """The argv this test runs for a ``python -m experiments.<entry> …`` line (:data:`MAPPED`): GPU/hub/
     cpu-large commands as their dry run (nothing downloaded), ``/path/to/folder`` as a saved tiny model, exp
@@ -143,6 +158,8 @@ def tiny_form(line: str, hf_folder: Path) -> list[str]:
         return [sys.executable, "-m", module, *[a for a in words[3:] if a != "dry_run=true"], "dry_run=true"]
     args = [re.sub(r"^([\w.@/]+)=conf/", rf"\1={PROJECT_ROOT}/conf/", a.replace("/path/to/folder", str(hf_folder)))
             for a in words[3:] if not a.startswith("pair.options.")]
+    if entry == "replay":
+        args = [re.sub(rf"^grid={PROJECT_ROOT}/conf/replay/", f"grid={hf_folder.parent}/grids/", a) for a in args]
     if entry in RUN_READERS:  # commands on a finished run: the docs' SmolLM2 run is the tiny pair's here
         return [sys.executable, "-m", module, *[a.replace("run=smollm2__ar__prompts", f"run={TINY_AR_RUN}") for a in args]]
     if entry == "run" and any(a.startswith("+exp=") for a in args) and not any(a.startswith("scale=") for a in args):
@@ -214,7 +231,8 @@ def test_docs_command_runs(line, workdir):
     if _kind(line) == "shell":
         r = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     else:
-        r = subprocess.run(tiny_form(line, hf_folder), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        write_small_grids(argv := tiny_form(line, hf_folder))
+        r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{line}\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert not (cwd / "outputs").exists(), "Hydra wrote outside the run store"

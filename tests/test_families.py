@@ -5,7 +5,7 @@ Tiny random models from config (fp32, CPU) of each family in :data:`viasd.models
 plan reproduces the model's own forward bit for bit, a subset plan equals a physically pruned
 copy, and ``sd``, ``viasd`` (taus > 1: every round escalates) and ``cascade_sd`` greedy equal
 ``ar`` and ``model.generate``. Each family saved to a folder runs through ``pair=hf``. The
-README's supported-families list is this matrix.
+supported-families list of docs/models.md ("Supported families") is this matrix.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ OWN = [{"rule": "chow", "alpha": 0.3}, {"rule": "token_v3", "alpha": 0.5}, {"rul
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_replay_over_its_own_trajectory_reproduces_a_faster_cascades_decode(family, tmp_path):
     estimated = 0
-    for cfg in OWN:
+    more = [{"rule": "diff", "alpha": 0.2, "drafter": {"name": "self", "layers": [0, 2]}}] if family == "llama" else []
+    for cfg in OWN + more:
         out = check_own_trajectory(tiny(family), tmp_path, "faster_cascades", {"gamma": 3, **cfg})
         assert set(out["estimated"]) <= {"deferred"} and out["replay/gate_undetermined"] == 0
         assert out["exact"] == (not out["estimated"])

@@ -6,7 +6,7 @@ each policy is a method config composed exactly as ``experiments.run`` composes 
 ``method=via_sd method.tau_accept=0.9``, ``drafter@method.drafter=hybrid``), and a value list
 ``method.tau_accept=0.5,0.8,1.1`` sweeps like Hydra's multirun (the cartesian product of every
 swept key). ``grid=FILE.yaml`` adds ``policies:`` — a list of ``{key: value or [values]}`` entries,
-each expanded the same way (``conf/replay/``). Without a policy the run's own is replayed and
+each expanded the same way (``conf/replay/``; ``grid=A.yaml,B.yaml`` replays both, a shared policy once). Without a policy the run's own is replayed and
 checked against its counters. Per policy it prints tier shares, calls per model, tier-1/2
 precision with Wilson 95% intervals, divergences from the trajectory and the cost model's
 predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (folder / "index.json").is_file():
             raise ConfigError(f"run {ctl['run']} has no traces; run `python -m experiments.trace run={ctl['run']}`")
         traces = TraceSet(folder)
-        groups = (expand(rest) if rest else []) + (grid_overrides(ctl["grid"]) if "grid" in ctl else [])
+        groups = (expand(rest) if rest else []) + [g for p in ctl.get("grid", "").split(",") if p
+                                                   for g in grid_overrides(p)]
+        groups = [list(g) for g in dict.fromkeys(map(tuple, groups))]  # a policy two grids share: replayed once
         own = not groups
         path = store.path(ctl["run"])
         cfg = yaml.safe_load((path / "config.yaml").read_text())

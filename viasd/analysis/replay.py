@@ -1,6 +1,7 @@
 """Replay a decoding policy over a finished run's trace, with the methods' own functions.
 
-A policy is a registered method (``ar``, ``sd`` with any drafter, ``cascade_sd``, ``via_sd``)
+A policy is a registered method (``ar``, ``sd`` with any drafter, ``cascade_sd``, ``via_sd``, ``faster_cascades``:
+:mod:`viasd.analysis.deferral`)
 and its typed config. :func:`replay` runs it over every example of a :class:`TraceSet`: the
 drafters' proposals (:mod:`viasd.analysis.sim`: prompt lookup itself, the draft's greedy
 continuation from its trace, the cascades), :func:`~viasd.core.tiers.route_positions` (the
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from viasd.analysis.cost import CostModel
+from viasd.analysis.deferral import replay_faster_cascades
 from viasd.analysis.expect import expected_summary
 from viasd.analysis.sim import LookupSim, Model, SimStream, Trajectory, build_drafter, greedy_verify
 from viasd.analysis.stats import wilson
@@ -43,7 +45,7 @@ from viasd.engine.rounds import Audit, count_levels, count_round, round_tokens, 
 from viasd.errors import ConfigError
 from viasd.tracking.baseline import tier_shares
 
-SUPPORTED = ("ar", "sd", "cascade_sd", "via_sd")
+SUPPORTED = ("ar", "sd", "cascade_sd", "via_sd", "faster_cascades")
 
 
 @dataclass
@@ -324,6 +326,9 @@ def replay_example(traces: TraceSet, i: int, policy: Policy, cost: CostModel | N
                 ep.c.bump(key, value)
     elif policy.method == "via_sd":
         _via_sd(ep, cfg)
+    elif policy.method == "faster_cascades":  # viasd.analysis.deferral
+        replay_faster_cascades(ep, cfg, LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence,
+                                                     cfg.drafter.max_gamma))
     else:
         raise ConfigError(f"replay supports {', '.join(SUPPORTED)} (sd_ngram and sd_hybrid are sd with a "
                           f"drafter); got method={policy.method!r}")
@@ -367,6 +372,8 @@ def replay(traces: TraceSet, policy: Policy, cost: CostModel | None = None, exam
     confidence = getattr(getattr(policy.cfg, "drafter", None), "length_policy", "") == "confidence"
     out["estimated"] = sorted(k for k in out if (cascade or confidence) and (k in ESTIMATES or "_for_" in k
                                                                                or "_by_" in k))
+    if out.get("replay/deferral_unknown"):  # faster_cascades: rule decisions past a rejection (docs/replay.md)
+        out["estimated"] = sorted({*out["estimated"], "deferred"})
     out["exact"] = not out["estimated"] and not out.get("replay/divergences") and not out.get(
         "replay/gate_undetermined")
     if cost is not None:

@@ -4,7 +4,8 @@ One row / point per replayed policy (:func:`viasd.analysis.replay.replay` result
 (load-free) speedup over ``ar`` on the same trajectory, tier shares, tier-1 and tier-2 precision
 with their Wilson 95% intervals and ``n``, divergences from the trajectory per 100 tokens, and
 whether the counters are exact. The figure draws predicted speedup against divergences per 100
-tokens and against tier-1 precision (with its interval).
+tokens and against tier-1 precision (with its interval). ``faster_cascades`` policies are triangles
+coloured by deferral rule; their tier 1 is the tokens the rule kept from the drafter (``π = p``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,18 @@ def _prec(r: dict[str, Any], tier: int) -> str:
             f"{r[f'precision/tier{tier}_hi']:.3f}] ({n})")
 
 
+def _rule(r: dict[str, Any]) -> str | None:
+    """The deferral rule of a replayed ``faster_cascades`` policy (its ``method.rule`` override, else the
+    method's default ``opt``); None for any other method."""
+    if r.get("method_impl") != "faster_cascades":
+        return None
+    return next((o.split("=", 1)[1] for o in r.get("overrides", []) if o.startswith("method.rule=")), "opt")
+
+
 def _share(r: dict[str, Any]) -> str:
+    if _rule(r) is not None:  # tier 1: tokens the rule kept from the drafter (π = p); tier 3: from the target
+        n1, n3 = (r.get(f"precision/tier{t}_n", 0) for t in (1, 3))
+        return f"{100 * n1 / max(1, n1 + n3):.0f}% / – / {100 * n3 / max(1, n1 + n3):.0f}%"
     if "tier_share/tier1" not in r:
         return "lossless"
     return " / ".join(f"{100 * r[f'tier_share/tier{t}']:.0f}%" for t in (1, 2, 3))
@@ -79,7 +91,9 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     note = (f"Replayed over the trajectory of `{run_id}` ({n} examples; `python -m experiments.replay`, "
             "docs/replay.md): no decoding. Predicted speedup: the cost model's, against `ar` replayed on the same "
             "trajectory (load-free). Precision: share of a tier's tokens equal to the target's greedy token, Wilson "
-            "95% interval and n tokens. A policy is exact up to its first divergence from the trajectory.")
+            "95% interval and n tokens. A policy is exact up to its first divergence from the trajectory. "
+            "faster_cascades: tier 1 = tokens its deferral rule kept from the drafter (π = p), tier 3 = from the "
+            "target.")
     paths = write_table(out, name, f"Replayed frontier ({len(results)} policies)", HEADER, rows, runs, [], note, scale)
     from matplotlib.lines import Line2D
 
@@ -91,29 +105,37 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     palette = [c for c in (f"C{i}" for i in range(10)) if c != "C3"]  # C3: the lossless methods
     colors = {g: palette[i % len(palette)] for i, g in enumerate(groups)}
     hollow = any(_tier2_off(r) for r in via) and any(not _tier2_off(r) for r in via)
+    rules = list(dict.fromkeys(_rule(r) for r in results if _rule(r) is not None))  # faster_cascades: by rule
+    rule_colors = {g: palette[(len(groups) + i) % len(palette)] for i, g in enumerate(rules)}
     for r in results:
         sp = r.get("predicted_speedup", math.nan)
-        lossless = "tier_share/tier1" not in r
-        color = "C3" if lossless else colors[key(r)]
-        face = "none" if hollow and not lossless and _tier2_off(r) else color
-        axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="", marker="s" if lossless else "o",
+        rule = _rule(r)
+        lossless = "tier_share/tier1" not in r and rule is None
+        color = "C3" if lossless else rule_colors[rule] if rule is not None else colors[key(r)]
+        face = "none" if hollow and not lossless and rule is None and _tier2_off(r) else color
+        axes[0].plot(sp, r.get("divergences_per_100", math.nan), ls="",
+                     marker="s" if lossless else "^" if rule is not None else "o",
                      ms=5 if lossless else 4, color=color, mfc=face, alpha=0.8)
         n1 = r.get("precision/tier1_n", 0)
         if n1:
             p, lo, hi = (r[f"precision/tier1{s}"] for s in ("", "_lo", "_hi"))
-            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="o", ms=4, color=color, mfc=face, alpha=0.7,
+            axes[1].errorbar(sp, p, yerr=[[p - lo], [hi - p]], fmt="^" if rule is not None else "o", ms=4, color=color, mfc=face, alpha=0.7,
                              capsize=1)
     named = sorted((r.get("predicted_speedup", math.nan), r["method"]) for r in results
-                   if "method=via_sd" not in r.get("overrides", []) and not any("gamma" in o for o in r.get("overrides", [])))
+                   if not {"method=via_sd", "method=faster_cascades"} & set(r.get("overrides", []))
+                   and not any("gamma" in o for o in r.get("overrides", [])))
     top = max([r.get("divergences_per_100") or 0 for r in results] + [1.0])
     for i, (sp, method) in enumerate(named):  # the lossless methods named, staggered above their squares
         axes[0].annotate(method, (sp, 0), xytext=(sp, top * (0.35 + 0.15 * (i % 4))), fontsize=7, ha="center",
                          color="C3", arrowprops=dict(arrowstyle="-", color="C3", lw=0.5),
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
     axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
-    axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)")
+    axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)"
+                + ("\nfaster_cascades: tokens kept from the drafter" if rules else ""))
     what = "{} drafter" if key is _drafter else "tier 2: {}"
     handles = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=f"via_sd, {what.format(g)}") for g, c in colors.items()]
+    handles += [Line2D([], [], ls="", marker="^", ms=4, color=c, label=f"faster_cascades, rule {g}")
+                for g, c in rule_colors.items()]
     if hollow:
         handles.append(Line2D([], [], ls="", marker="o", ms=4, color="C7", mfc="none", label="hollow: tier 2 off (τ_slim > 1)"))
     handles.append(Line2D([], [], ls="", marker="s", ms=5, color="C3", label="lossless methods (sd, sd_ngram,\n"

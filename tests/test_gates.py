@@ -12,8 +12,10 @@ import torch
 
 from experiments import replay as replay_cmd
 from experiments import train_gate as train_cmd
+from tests.test_cost import synthetic
 from tests.test_families import family_pair
 from tests.test_replay import PROMPTS, _run, check_own_trajectory, traced
+from viasd.analysis.cost import CostModel
 from viasd.analysis.replay import Policy, replay
 from viasd.core.gate import FEATURES, dense_gate_features, gate_features, next_run
 from viasd.core.tiers import agreement_scores
@@ -94,7 +96,8 @@ def test_gate_config_errors_and_the_oracle_is_replay_only(tmp_path):
 
 def test_limit_gates_in_decode_and_replay(tmp_path):
     """An always-escalating learned gate is ``sd``'s decisions (lossless, same target calls), live and in
-    replay; the oracle never diverges and needs no more target calls than any gate that does not."""
+    replay; the oracle never diverges, needs no more target calls than any gate that does not, and is predicted
+    at least as fast as those that run the slim pass."""
     pair = family_pair("qwen2")
     ar = [decode(pair, pair.encode(p), "ar", {}, GEN) for p in PROMPTS]
     never = _gate_file(tmp_path, pair, "never.pt", -50.0)
@@ -104,7 +107,9 @@ def test_limit_gates_in_decode_and_replay(tmp_path):
     assert [r.tokens for r in live] == [r.tokens for r in ar]
     assert [r.models["target"].calls for r in live] == [r.models["target"].calls for r in sd]
     traces = traced(pair, tmp_path, PROMPTS, [r.tokens for r in ar], [method_config("via_sd", cfg).slim], max_new=16)
-    out = {name: replay(traces, Policy("via_sd", method_config("via_sd", c))) for name, c in {
+    cost = CostModel(synthetic(pair.name))
+    ar_s = replay(traces, Policy("ar", method_config("ar", {})), cost)["wall_s"]
+    out = {name: replay(traces, Policy("via_sd", method_config("via_sd", c)), cost, None, ar_s) for name, c in {
         "never": cfg, "off": {**cfg, "gate": "thresholds", "tau_accept": 1.1, "tau_slim": 1.1},
         "oracle": {**cfg, "gate": "oracle"}, "lossy": {**cfg, "gate": "thresholds", "tau_accept": 0.2, "tau_slim": 0.2},
         "paper": {**cfg, "gate": "thresholds"}, "always": {**cfg, "gate_path": _gate_file(tmp_path, pair, "a.pt", 50.0)},
@@ -115,8 +120,13 @@ def test_limit_gates_in_decode_and_replay(tmp_path):
     for name, r in out.items():
         if r["replay/divergences"] == 0:
             assert out["oracle"]["target_calls"] <= r["target_calls"], name
+            if name != "off":  # sd (no slim pass at all) can be faster: see docs/method.md §3b
+                assert out["oracle"]["predicted_speedup"] >= r["predicted_speedup"], name
     assert out["oracle"]["target_calls"] < out["off"]["target_calls"]  # the tiny slim verifier is right sometimes
     assert out["always"]["escalations"] < out["never"]["escalations"]
+    foreign = {**cfg, "gate_path": _gate_file(tmp_path, pair, "f.pt", 0.0, layers=[0, 2])}
+    with pytest.raises(ConfigError, match="was trained for pair"):
+        replay(traces, Policy("via_sd", method_config("via_sd", foreign)))
 
 
 def test_train_gate_command_and_a_learned_gate_replays_its_own_decode(runs_dir, tmp_path, capsys):

@@ -283,16 +283,19 @@ def _via_sd(ep: Episode, cfg) -> None:
         k, route = len(y), escalate_at_once()
         slim_ran = cfg.slim_needed(k, unverified)
         if slim_ran:  # as via_sd: no slim pass when no outcome depends on it
-            slim_stream.call(t, y, last=k + 1)
             g = _gate(ep, slim, spec, t, y, sources, cfg)
             top = slim.argmaxes(g["rows"])  # the slim verifier's greedy tokens: its rewrite at i, its bonus at k
             if gate is not None:
-                g["s"], g["conf"] = learned_values(ep, gate, slim, _spec("draft" if cfg.drafter.name == "model" else "self", cfg), spec, y, g, run,
-                                                   float(cfg.gate_temperature))
+                p_spec = _spec("draft" if cfg.drafter.name == "model" else "self", cfg)
+                g["s"], g["conf"] = learned_values(ep, gate, slim, p_spec, spec, y, g, run, float(cfg.gate_temperature))
             elif cfg.gate == "oracle":
                 g["s"], g["conf"] = oracle_values(ep, slim, y, g["rows"])
             route = route_positions(g["s"], g["conf"], y, top.__getitem__, lambda top=top: top[-1],
                                     unverified=unverified, slim_top=top[:-1], draft_conf=g["draft_conf"], **knobs)
+            if cfg.gate == "oracle" and route.action == ESCALATE:  # the slim pass cannot help: sd's round, without it
+                slim_ran, route = False, escalate_at_once()
+            if slim_ran:
+                slim_stream.call(t, y, last=k + 1)
         n, token = 0, None
         if route.action == ESCALATE:
             start = route.verify_from

@@ -38,7 +38,7 @@ from viasd.analysis.stats import wilson
 from viasd.analysis.trace import Rows, TraceFile, layers_key, read_index, slim_key
 from viasd.core.gate import next_run
 from viasd.core.rules import acceptance_rate, sd_accept_prob
-from viasd.core.tiers import ESCALATE, escalate_at_once, route_positions
+from viasd.core.tiers import END, ESCALATE, escalate_at_once, route_positions
 from viasd.engine.drafters import LengthPolicy
 from viasd.engine.result import Counters, DecodeResult, aggregate
 from viasd.engine.rounds import Audit, count_levels, count_round, round_tokens, token_tiers
@@ -292,8 +292,8 @@ def _via_sd(ep: Episode, cfg) -> None:
                 g["s"], g["conf"] = oracle_values(ep, slim, y, g["rows"])
             route = route_positions(g["s"], g["conf"], y, top.__getitem__, lambda top=top: top[-1],
                                     unverified=unverified, slim_top=top[:-1], draft_conf=g["draft_conf"], **knobs)
-            if cfg.gate == "oracle" and route.action == ESCALATE:  # the slim pass cannot help: sd's round, without it
-                slim_ran, route = False, escalate_at_once()
+            if cfg.gate == "oracle" and route.action in (ESCALATE, END):  # the slim verifier cannot commit what the
+                slim_ran, route = False, escalate_at_once()  # target would this round: sd's round, no slim pass
             if slim_ran:
                 slim_stream.call(t, y, last=k + 1)
         n, token = 0, None

@@ -1,5 +1,5 @@
 """``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
-[examples=N] [cost=auto|none|PATH] [oracle=true] [runs_dir=…]``
+[examples=N] [cost=auto|none|PATH] [oracle=true] [held_out=GATE] [runs_dir=…]``
 
 Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
 each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
@@ -12,7 +12,8 @@ precision with Wilson 95% intervals, divergences from the trajectory and the cos
 predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
 policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]`` writes the frontier as a
 Markdown/LaTeX table and a figure; ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
-via_sd policy's slim mask, drafter and γ beside the frontier. Greedy runs are replayed exactly, sampled ones as expected
+via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE`` replays only the problems
+the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
 counters of ``sd`` (``docs/replay.md``).
 """
 
@@ -44,12 +45,13 @@ from viasd.analysis.trace import slim_key, trace_dir
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
+from viasd.methods.gate_file import load_gate
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.report.replayed import write_frontier
 from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
-CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir", "oracle")
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir", "oracle", "held_out")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -111,6 +113,16 @@ def oracle_policies(policies: list[Policy]) -> list[Policy]:
     return list(out.values())
 
 
+def untrained_examples(gate, run_id: str, idx: list[int]) -> list[int]:
+    """The examples of ``idx`` a learned gate was not trained on (all of them for another run's gate)."""
+    if gate.meta.get("trace", {}).get("run_id") != run_id:
+        return idx
+    keep = [i for i in idx if i not in set(gate.meta.get("train_problems", []))]
+    if not keep:
+        raise ConfigError(f"every replayed example trained the gate {gate.meta.get('path')}; drop examples=")
+    return keep
+
+
 def _cell(v: Any, fmt: str = "{:.2f}") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
@@ -163,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()))
         n = int(ctl["examples"]) if "examples" in ctl else None
         idx = list(range(min(n, traces.n_examples))) if n else None
+        if "held_out" in ctl:  # only the problems a learned gate was not trained on
+            idx = untrained_examples(load_gate(ctl["held_out"]), ctl["run"], idx or list(range(traces.n_examples)))
         if float(traces.meta.get("temperature", 0.0)) > 0:
             cost = None  # expected counters: no per-call trace to price
         ar_s = replay(traces, Policy("ar", ARConfig()), cost, idx)["wall_s"] if cost else None

@@ -155,8 +155,9 @@ def test_train_gate_command_and_a_learned_gate_replays_its_own_decode(runs_dir, 
         assert msg in capsys.readouterr().err
     res = tmp_path / "frontier.json"
     assert replay_cmd.main([f"run={rid}", "method=via_sd", "method.slim.mask=[0,1,3]", "method.tau_accept=0.3,0.9",
-                            f"out={res}", "oracle=true"]) == 0
+                            f"out={res}", "oracle=true", f"held_out={tmp_path / 'gate-lam0.3.pt'}"]) == 0
     rows = json.loads(res.read_text())
+    assert all(r["n_examples"] == len(g3.meta["test_problems"]) for r in rows)
     assert [r["method"].split()[1] for r in rows] == ["slim.mask=[0,1,3]", "slim.mask=[0,1,3]", "oracle"]
     assert rows[-1]["replay/divergences"] == 0 and rows[-1]["exact"]
     with pytest.raises(SystemExit):

@@ -1,5 +1,5 @@
 """``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
-[examples=N] [cost=auto|none|PATH] [runs_dir=…]``
+[examples=N] [cost=auto|none|PATH] [oracle=true] [held_out=GATE] [runs_dir=…]``
 
 Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
 each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
@@ -11,12 +11,15 @@ checked against its counters. Per policy it prints tier shares, calls per model,
 precision with Wilson 95% intervals, divergences from the trajectory and the cost model's
 predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
 policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]`` writes the frontier as a
-Markdown/LaTeX table and a figure. Greedy runs are replayed exactly, sampled ones as expected
+Markdown/LaTeX table and a figure; ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
+via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE`` replays only the problems
+the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
 counters of ``sd`` (``docs/replay.md``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -38,16 +41,17 @@ from experiments.trace import argv_or_help
 from viasd.analysis.cost import CostModel, find_cost
 from viasd.analysis.paired import resolve_run_id
 from viasd.analysis.replay import Policy, TraceSet, replay
-from viasd.analysis.trace import trace_dir
+from viasd.analysis.trace import slim_key, trace_dir
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
+from viasd.methods.gate_file import load_gate
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.report.replayed import write_frontier
 from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
-CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir")
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir", "oracle", "held_out")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -92,6 +96,31 @@ def policies_for(groups: list[list[str]]) -> list[Policy]:
             label = " ".join(o.removeprefix("method=").removeprefix("method.") for o in ov)
             out.append(Policy(str(node.name), method_config(str(node.name), node), label, ov))
     return out
+
+
+def oracle_policies(policies: list[Policy]) -> list[Policy]:
+    """The oracle gate of each distinct (slim mask, drafter, γ) among the ``via_sd`` policies (one error line
+    without any: the oracle needs a mask to bound)."""
+    out: dict[tuple, Policy] = {}
+    for p in policies:
+        if p.method == "via_sd" and p.cfg.gate != "oracle":
+            key = (slim_key(p.cfg.slim), p.cfg.drafter.name, p.cfg.gamma)
+            out.setdefault(key, Policy("via_sd", dataclasses.replace(p.cfg, gate="oracle"),
+                                       f"via_sd oracle slim={key[0]} drafter={key[1]} gamma={key[2]}"))
+    if not out:
+        raise ConfigError("oracle=true bounds the via_sd policies' masks; add one, e.g. method=via_sd "
+                          "method.slim.mask=<mask>")
+    return list(out.values())
+
+
+def untrained_examples(gate, run_id: str, idx: list[int]) -> list[int]:
+    """The examples of ``idx`` a learned gate was not trained on (all of them for another run's gate)."""
+    if gate.meta.get("trace", {}).get("run_id") != run_id:
+        return idx
+    keep = [i for i in idx if i not in set(gate.meta.get("train_problems", []))]
+    if not keep:
+        raise ConfigError(f"every replayed example trained the gate {gate.meta.get('path')}; drop examples=")
+    return keep
 
 
 def _cell(v: Any, fmt: str = "{:.2f}") -> str:
@@ -143,9 +172,13 @@ def main(argv: list[str] | None = None) -> int:
             policies = [Policy(m["name"], method_config(m["name"], m), f"{method_label(m)} (the run's own)")]
         else:
             policies = policies_for(groups)
+        if ctl.get("oracle", "false").lower() in ("true", "1", "yes"):
+            policies += oracle_policies(policies)
         cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()))
         n = int(ctl["examples"]) if "examples" in ctl else None
         idx = list(range(min(n, traces.n_examples))) if n else None
+        if "held_out" in ctl:  # only the problems a learned gate was not trained on
+            idx = untrained_examples(load_gate(ctl["held_out"]), ctl["run"], idx or list(range(traces.n_examples)))
         if float(traces.meta.get("temperature", 0.0)) > 0:
             cost = None  # expected counters: no per-call trace to price
         ar_s = replay(traces, Policy("ar", ARConfig()), cost, idx)["wall_s"] if cost else None

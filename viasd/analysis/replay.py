@@ -34,15 +34,18 @@ import torch
 from viasd.analysis.cost import CostModel
 from viasd.analysis.deferral import replay_faster_cascades
 from viasd.analysis.expect import expected_summary
+from viasd.analysis.gates import check_gate, learned_values, oracle_values
 from viasd.analysis.sim import LookupSim, Model, SimStream, Trajectory, build_drafter, greedy_verify
 from viasd.analysis.stats import wilson
 from viasd.analysis.trace import Rows, TraceFile, layers_key, read_index, slim_key
+from viasd.core.gate import next_run
 from viasd.core.rules import acceptance_rate, sd_accept_prob
-from viasd.core.tiers import ESCALATE, escalate_at_once, route_positions
+from viasd.core.tiers import END, ESCALATE, escalate_at_once, route_positions
 from viasd.engine.drafters import LengthPolicy
 from viasd.engine.result import Counters, DecodeResult, aggregate
 from viasd.engine.rounds import Audit, count_levels, count_round, round_tokens, token_tiers
 from viasd.errors import ConfigError
+from viasd.methods.gate_file import load_gate
 from viasd.tracking.baseline import tier_shares
 
 SUPPORTED = ("ar", "sd", "cascade_sd", "via_sd", "faster_cascades")
@@ -229,12 +232,14 @@ def _gate(ep: Episode, slim: Model, slim_spec: str, t: int, y: list[int], source
             value, exact, p = float(s_all[r]), bool(exact_all[r]), float(p_all[r])
             if cfg.agreement == "tv":  # from the two top-k sets: a lower bound unless the rows are full
                 value, exact = float(tr.tv(ep.i, _spec(src[0], cfg), slim_spec, temp)[r]), True
+        if cfg.agreement == "slim_rel":  # q̂'(y) / max q̂' (q̂'(y) is min(1, q̂'(y)/1) for a lookup token)
+            value = (value if src is None else float(tr.ratio(ep.i, _spec(src[0], cfg), slim_spec, temp)[1][r])) / conf[j]
         if not exact:  # a token outside the slim verifier's top-k: agreement 0 (its upper bound was `value`)
             undetermined += value >= cfg.tau_accept
             value = 0.0
         s.append(value)
         draft_conf.append(p)
-    ep.c.bump("replay/gate_undetermined", int(undetermined))
+    ep.c.bump("replay/gate_undetermined", int(undetermined) if cfg.gate == "thresholds" else 0)
     return {"s": s, "conf": conf, "draft_conf": draft_conf, "rows": rows}
 
 
@@ -269,22 +274,30 @@ def _via_sd(ep: Episode, cfg) -> None:
     drafter = build_drafter(ep, cfg.drafter, None)
     slim = ep.model(spec, "slim")
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
-    knobs = dict(tau_accept=cfg.tau_accept, tau_slim=cfg.tau_slim, tau_escalate=cfg.tau_escalate,
-                 max_unverified=cfg.max_unverified, reverify_on_escalation=cfg.reverify_on_escalation,
-                 slim_bonus=cfg.slim_bonus, tier1_needs_slim_argmax=cfg.tier1_needs_slim_argmax,
-                 tier1_min_draft_confidence=cfg.tier1_min_draft_confidence)
-    unverified, audit = 0, Audit()
+    knobs = cfg.gate_knobs()
+    gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
+    if gate is not None:
+        check_gate(gate, ep.traces, spec)
+    unverified, audit, run = 0, Audit(), 0
     while ep.t < ep.traj.n:
         t = ep.t
         y, sources = drafter.propose(t, [], policy.next(ep.max_new - t), policy.min_confidence)
         k, route = len(y), escalate_at_once()
         slim_ran = cfg.slim_needed(k, unverified)
         if slim_ran:  # as via_sd: no slim pass when no outcome depends on it
-            slim_stream.call(t, y, last=k + 1)
             g = _gate(ep, slim, spec, t, y, sources, cfg)
             top = slim.argmaxes(g["rows"])  # the slim verifier's greedy tokens: its rewrite at i, its bonus at k
+            if gate is not None:
+                p_spec = _spec("draft" if cfg.drafter.name == "model" else "self", cfg)
+                g["s"], g["conf"] = learned_values(ep, gate, slim, p_spec, spec, y, g, run, float(cfg.gate_temperature))
+            elif cfg.gate == "oracle":
+                g["s"], g["conf"] = oracle_values(ep, slim, y, g["rows"])
             route = route_positions(g["s"], g["conf"], y, top.__getitem__, lambda top=top: top[-1],
                                     unverified=unverified, slim_top=top[:-1], draft_conf=g["draft_conf"], **knobs)
+            if cfg.gate == "oracle" and route.action in (ESCALATE, END):  # the slim verifier cannot commit what the
+                slim_ran, route = False, escalate_at_once()  # target would this round: sd's round, no slim pass
+            if slim_ran:
+                slim_stream.call(t, y, last=k + 1)
         n, token = 0, None
         if route.action == ESCALATE:
             start = route.verify_from
@@ -303,6 +316,7 @@ def _via_sd(ep: Episode, cfg) -> None:
         kept = count_round(ep.c, route, y, tokens, n)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
+        run = next_run(run, k, kept)
     if cfg.audit:
         audit.finish(ep.c)
 

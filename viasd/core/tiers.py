@@ -117,12 +117,16 @@ def agreement_scores(p: torch.Tensor, q_slim: torch.Tensor, draft: torch.Tensor,
     """Draft/slim agreement ``s_i`` per drafted position.
 
     ``ratio``: ``min(1, q'_i(y_i) / p_i(y_i))`` (the speculative-sampling acceptance
-    probability, Leviathan et al. 2023, Alg. 1); ``tv``: ``1 − TV(p_i, q'_i)`` (their Def. 3.1).
+    probability, Leviathan et al. 2023, Alg. 1); ``tv``: ``1 − TV(p_i, q'_i)`` (their Def. 3.1);
+    ``slim_rel``: ``q'_i(y_i) / max_v q'_i(v)`` (the slim verifier's probability of the draft token
+    relative to its own top token; the reading of a public reproduction, ``docs/method.md``).
     ``p``, ``q_slim``: ``[k, V]`` gate distributions; ``draft``: ``[k]`` → ``[k]``.
     """
     if kind == "tv":
         return acceptance_rate(p, q_slim)
     idx = torch.arange(draft.shape[0], device=draft.device)
+    if kind == "slim_rel":
+        return q_slim[idx, draft] / q_slim.max(-1).values
     return sd_accept_prob(p[idx, draft], q_slim[idx, draft])
 
 
@@ -135,6 +139,7 @@ def route_round(
     rng: torch.Generator | None,
     *,
     agreement: str = "ratio",
+    values: tuple[list[float], list[float]] | None = None,
     **knobs,
 ) -> Route:
     """Route the positions of one drafted block to tiers 1–3 (see the module docstring).
@@ -150,7 +155,8 @@ def route_round(
         p_gate: ``[k, V]`` gate distributions of the draft (``softmax(raw / T_g)``).
         q_gate: ``[k + 1, V]`` gate distributions of the slim verifier.
         rng: generator for the slim rewrite / bonus samples (greedy: unused).
-        agreement: ``ratio`` | ``tv``; ``knobs``: the keyword arguments of :func:`route_positions`.
+        agreement: ``ratio`` | ``tv`` | ``slim_rel``; ``values``: ``(s, conf)`` given by another gate
+            (learned: :mod:`viasd.core.gate`) instead of the agreement and slim confidence; ``knobs``: the keyword arguments of :func:`route_positions`.
 
     Returns:
         A :class:`Route`; the caller escalates when ``route.action == "escalate"``.
@@ -158,6 +164,8 @@ def route_round(
     k = draft.shape[0]
     s = agreement_scores(p_gate, q_gate[:k], draft, agreement)
     conf = q_gate.max(-1).values
+    if values is not None:
+        s, conf = torch.tensor(values[0]), torch.tensor(values[1])
     if knobs.get("tier1_needs_slim_argmax"):
         knobs["slim_top"] = q_gate[:k].argmax(-1).tolist()
     if knobs.get("tier1_min_draft_confidence"):

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from viasd.dimr.margin import margin_rows
 from viasd.engine.paths import embed, head, make_path, run_units
 from viasd.engine.routing import RoutingPlan, num_layers
 from viasd.errors import ConfigError
@@ -340,14 +341,14 @@ class Calibration:
 
     @torch.inference_mode()
     def statistics(self, plan: RoutingPlan, tau_slim: float = 0.6, tv_terms: bool = False,
-                   per_text: bool = False) -> dict[str, Any]:
+                   per_text: bool = False, margin: tuple[float, float] | None = None) -> dict[str, Any]:
         """Means over calibration tokens for the slim verifier ``plan``: ``kl_q_slim`` = KL(q‖q'),
         ``top1_agreement``, ``confident_top1`` (agreement where max q' ≥ ``tau_slim``; 0 when it is
         never confident) and ``confident_share``; with the draft also ``kl_p_slim``, ``kl_slim_q``,
         ``kl_p_q`` (and the TV distances with ``tv_terms``). ``per_text`` (with the draft): also
         ``per_text = {kl_p_slim|kl_slim_q|kl_p_q: [mean over each calibration row's positions]}``,
         the sample an interval over texts resamples (rows have equal length, so their mean is the
-        token mean)."""
+        token mean). ``margin = (α, β)``: also ``margin``, the mean :func:`margin_rows`."""
         sums: dict[str, float] = {}
         n_rows = sum(int(b.shape[0]) for b in self.batches)
         text_sums: dict[str, torch.Tensor] = {}  # per_text: Σ over each calibration row's positions
@@ -362,6 +363,8 @@ class Calibration:
             for start in range(0, slim.shape[0], self.chunk):
                 q, qs, p = self.logprobs(i, start, slim, target, draft)
                 add("kl_q_slim", kl_sum(q, qs))
+                if margin is not None:
+                    add("margin", margin_rows(q, qs, *margin).sum())
                 agree = qs.argmax(-1) == q.argmax(-1)
                 confident = qs.max(-1).values.exp() >= tau_slim
                 add("top1_agreement", agree.sum())

@@ -54,7 +54,7 @@ from viasd.utils.fs import atomic_write_json
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("kl", "pythagorean", "confident_top1")
+OBJECTIVES = ("kl", "pythagorean", "confident_top1", "margin")
 SAMPLERS = ("gp", "tpe", "random")
 
 
@@ -85,6 +85,8 @@ class SearchConfig:
     memo_mib: float = 1024.0  # bound of the memo of hidden states after layer prefixes
     stat_mib: float = 64.0  # one [positions, vocab] float32 statistics tensor (the streamed chunk)
     keep_first: int = 1  # candidates keep the first keep_first layers whole (where an escalation resumes)
+    margin_alpha: float = 0.5  # objective=margin: α of calibration.margin_rows (docs/method.md)
+    margin_beta: float = 0.3  # objective=margin: β of calibration.margin_rows
     cache_mib: float = 0.0  # keep the target's log-probs while they fit (0: rebuild per mask, the streamed default)
 
     def validate(self) -> None:
@@ -98,19 +100,23 @@ class SearchConfig:
             raise ConfigError(f"search.space must be one of {SPACES} (got {self.space!r})")
         if not 0 <= self.held_out < 1:
             raise ConfigError(f"search.held_out must be in [0, 1) (got {self.held_out})")
+        if not (0 < self.margin_alpha < 1 and 0 < self.margin_beta <= 1):
+            raise ConfigError(f"search.margin_alpha must be in (0, 1) and search.margin_beta in (0, 1] (got "
+                              f"{self.margin_alpha}, {self.margin_beta})")
         if int(self.keep_first) < 1:
             raise ConfigError(f"search.keep_first must be >= 1 (got {self.keep_first}); 1 keeps layer 0 only")
 
 
 def mask_record(calib: Calibration, plan: RoutingPlan, cfg: SearchConfig, b: Budget) -> dict[str, Any]:
     """Every statistic of one mask and its ``objective`` value under ``cfg.objective``."""
-    s = calib.statistics(plan, cfg.tau_slim)
+    margin = (cfg.margin_alpha, cfg.margin_beta) if cfg.objective == "margin" else None
+    s = calib.statistics(plan, cfg.tau_slim, margin=margin)
     if "kl_p_slim" in s:
         s["pythagorean"] = s["kl_p_slim"] + s["kl_slim_q"]
     elif cfg.objective == "pythagorean":
         raise no_draft_model("search.objective=pythagorean", calib.pair.name)
     s["objective"] = {"kl": s["kl_q_slim"], "pythagorean": s.get("pythagorean"),
-                      "confident_top1": 1.0 - s["confident_top1"]}[cfg.objective]
+                      "confident_top1": 1.0 - s["confident_top1"], "margin": s.get("margin")}[cfg.objective]
     return {**s, "param_fraction": b.fraction(plan)}
 
 

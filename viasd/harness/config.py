@@ -53,6 +53,12 @@ IDENTITY_UNSET: dict[str, Any] = {
     # The slim verifier's sub-layer masks and shared prefix (issue 27): defaults reproduce the older runs.
     "method.slim.space": "layers",
     "method.slim.share_prefix": True,
+    # VIA-SD's gate choice and the learned gate (issue 44): thresholds is the gate every older run used.
+    "method.gate": "thresholds",
+    "method.gate_path": None,
+    "method.gate_threshold": 0.5,
+    "search.margin_alpha": 0.5,
+    "search.margin_beta": 0.3,
     # DIMR search: sub-layer space, in-domain calibration, held-out split, confident top-1, streaming bounds.
     "search.space": "layers",
     "search.calibration_runs": [],

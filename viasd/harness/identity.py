@@ -52,7 +52,8 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
 
     The task's prompt file (``task.path``) or offline data file (``task.offline_file``, relative
     to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` (published or
-    cached: :func:`~viasd.dimr.masks.find_mask`) or a ``.json`` path resolves to. Missing files are
+    cached: :func:`~viasd.dimr.masks.find_mask`) or a ``.json`` path resolves to, and a learned gate
+    file (``method.gate_path``). Missing files are
     left out (the task/mask loader reports them).
     """
     files: dict[str, Path] = {}
@@ -75,6 +76,9 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
                 files["method.slim.mask"] = found[1]
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
+    method = cfg.get("method")
+    if isinstance(method, DictConfig) and method.get("gate_path"):  # a learned VIA-SD gate (method.gate=learned)
+        files["method.gate_path"] = Path(str(method.gate_path)).expanduser().resolve()
     return {k: p for k, p in files.items() if p.is_file()}
 
 

@@ -21,6 +21,11 @@ This module owns the method loop and its knobs; the routing itself is the pure f
 5. **Commit**; each cache rolls back to its own valid length (the
    :class:`~viasd.engine.stream.Stream` helper); the full model may lag behind.
 
+**Other gates** (``gate``, ``docs/method.md §3b``): ``learned`` replaces the bands by a trained model's
+probability that the slim verifier's token is the target's (:mod:`viasd.core.gate`, a file of
+``experiments.train_gate`` at ``gate_path``: trust it at ``≥ gate_threshold``, else escalate);
+``oracle`` (the bound that reads the target's tokens) is replay-only and refused here.
+
 **Why the gate reads raw distributions.** Emitted tokens follow the *processed* distributions
 (temperature / top-k / top-p; greedy: argmax), but in greedy mode those are one-hot, so an
 agreement computed on them is 0 or 1 and every ``τ_accept ∈ (0, 1]`` — and every
@@ -52,6 +57,7 @@ from typing import Any
 
 import torch
 
+from viasd.core.gate import dense_gate_features, learned_gate_values, next_run
 from viasd.core.rules import verify_block
 from viasd.core.sampling import probs_from_logits
 from viasd.core.tiers import ESCALATE, escalate_at_once, escalates_at_start, gate_distribution, route_round
@@ -61,7 +67,11 @@ from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
 from viasd.engine.stream import start_sequence
 from viasd.errors import ConfigError
+from viasd.methods.gate_file import load_gate
 from viasd.methods.registry import register_method
+
+AGREEMENTS = ("ratio", "tv", "slim_rel")
+GATES = ("thresholds", "learned", "oracle")
 
 
 @dataclass
@@ -95,7 +105,10 @@ class VIASDConfig:
     tau_slim: float = 0.6  # tier 2 needs max q̂' >= tau_slim (> 1: off)
     tau_escalate: float = 0.0  # s_i < tau_escalate goes straight to tier 3 (0: no low band)
     gate_temperature: float = 1.0  # the gate reads softmax(raw logits / gate_temperature)
-    agreement: str = "ratio"  # ratio | tv
+    agreement: str = "ratio"  # ratio | tv | slim_rel (q'(y) / max q', the public reproduction's reading)
+    gate: str = "thresholds"  # thresholds (the bands above) | learned (method.gate_path) | oracle (replay only)
+    gate_path: str | None = None  # gate=learned: a gate file of experiments.train_gate (its hash enters the run id)
+    gate_threshold: float = 0.5  # gate=learned: trust the slim verifier when the gate's probability >= this
     max_unverified: int | None = None
     reverify_on_escalation: bool = False
     slim_bonus: bool = True
@@ -120,8 +133,18 @@ class VIASDConfig:
                               f"tau_accept={self.tau_accept}); lower method.tau_escalate")
         if not self.gate_temperature > 0:
             raise ConfigError(f"gate_temperature must be > 0 (got {self.gate_temperature}); 1.0 reads the raw softmax")
-        if self.agreement not in ("ratio", "tv"):
-            raise ConfigError(f"agreement must be 'ratio' or 'tv' (got {self.agreement!r})")
+        if self.agreement not in AGREEMENTS:
+            raise ConfigError(f"agreement must be one of {AGREEMENTS} (got {self.agreement!r}); set method.agreement")
+        if self.gate not in GATES:
+            raise ConfigError(f"gate must be one of {GATES} (got {self.gate!r}); set method.gate")
+        if self.gate == "learned" and not self.gate_path:
+            raise ConfigError("method.gate=learned needs method.gate_path=<gate file>; train one with "
+                              "`python -m experiments.train_gate run=<ar run id> mask=<mask> out=gate.pt`")
+        if self.gate == "learned" and self.drafter.name not in ("model", "self"):
+            raise ConfigError(f"method.gate=learned reads the drafter's logits; use method.drafter.name=model or self "
+                              f"(got {self.drafter.name!r})")
+        if not 0 <= self.gate_threshold <= 1:
+            raise ConfigError(f"gate_threshold must be in [0, 1] (got {self.gate_threshold}); set method.gate_threshold")
         if not 0 <= self.tier1_min_draft_confidence <= 1:
             raise ConfigError(f"tier1_min_draft_confidence must be in [0, 1] (got {self.tier1_min_draft_confidence}); "
                               "0 switches the variant off")
@@ -132,9 +155,23 @@ class VIASDConfig:
         if self.slim.space not in SPACES:
             raise ConfigError(f"slim.space must be one of {SPACES} (got {self.slim.space!r}); set method.slim.space")
 
+    def gate_knobs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~viasd.core.tiers.route_positions` for this gate (``unverified`` aside):
+        a learned or oracle gate sets its own bands (see :mod:`viasd.core.gate`) and no variant."""
+        common = dict(max_unverified=self.max_unverified, reverify_on_escalation=self.reverify_on_escalation,
+                      slim_bonus=self.slim_bonus)
+        if self.gate != "thresholds":
+            theta = self.gate_threshold if self.gate == "learned" else 0.5
+            return dict(tau_accept=theta, tau_slim=theta, tau_escalate=0.0, **common)
+        return dict(tau_accept=self.tau_accept, tau_slim=self.tau_slim, tau_escalate=self.tau_escalate,
+                    tier1_needs_slim_argmax=self.tier1_needs_slim_argmax,
+                    tier1_min_draft_confidence=self.tier1_min_draft_confidence, **common)
+
     @property
     def tiers_on(self) -> bool:
         """Whether tier 1 or tier 2 can ever fire (otherwise no slim pass is needed)."""
+        if self.gate != "thresholds":
+            return True
         return self.tau_accept <= 1 or (self.tau_slim <= 1 and self.tau_escalate <= 1)
 
     def slim_needed(self, k: int, unverified: int) -> bool:
@@ -151,12 +188,14 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
     policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    knobs = dict(tau_accept=cfg.tau_accept, tau_slim=cfg.tau_slim, tau_escalate=cfg.tau_escalate,
-                 agreement=cfg.agreement, max_unverified=cfg.max_unverified,
-                 reverify_on_escalation=cfg.reverify_on_escalation, slim_bonus=cfg.slim_bonus,
-                 tier1_needs_slim_argmax=cfg.tier1_needs_slim_argmax,
-                 tier1_min_draft_confidence=cfg.tier1_min_draft_confidence)
-    c, rounds, unverified, audit = Counters(), [], 0, Audit()
+    if cfg.gate == "oracle":
+        raise ConfigError("method.gate=oracle is replay-only (it reads the target's tokens from a trace): "
+                          "`python -m experiments.replay run=<ar run id> method=via_sd method.gate=oracle`")
+    gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
+    if gate is not None:
+        gate.check(pair.name, slim.plan.layers if slim.plan is not None else None)
+    knobs = dict(cfg.gate_knobs(), agreement=cfg.agreement)
+    c, rounds, unverified, audit, run = Counters(), [], 0, Audit(), 0
     while not out.done:
         # 1. draft
         y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
@@ -166,9 +205,15 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         route = escalate_at_once()
         if cfg.slim_needed(k, unverified):
             raw = slim.logits(block, last=k + 1)[0]  # [k+1, V]
-            route = route_round(y, p, probs_from_logits(raw, gen),
-                                gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p),
-                                gate_distribution(raw, cfg.gate_temperature), rng, unverified=unverified, **knobs)
+            p_gate = gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p)
+            q_gate = gate_distribution(raw, cfg.gate_temperature)
+            values = None
+            if gate is not None:  # the learned gate's (s, conf); the bonus position keeps the slim confidence
+                prob = gate.probability(dense_gate_features(y, p_gate, q_gate, gate.topk, len(out.new), run))
+                s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
+                values = (s, conf + [float(q_gate[k].max())])
+            route = route_round(y, p, probs_from_logits(raw, gen), p_gate, q_gate, rng, unverified=unverified,
+                                values=values, **knobs)
         # 4. escalate: the full model verifies y[start:] as in sd  5. commit
         n, token = 0, None
         if route.action == ESCALATE:
@@ -184,6 +229,7 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         kept = count_round(c, route, y.tolist(), tokens, n)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
+        run = next_run(run, k, kept)
         extra = {"tier": route.steps[-1].tier, "action": route.action}
         rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
     if cfg.audit:

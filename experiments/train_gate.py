@@ -1,0 +1,112 @@
+"""``python -m experiments.train_gate run=<ar run id> mask=<mask> [out=gate.pt] [lam=0.5|[0.3,0.5,0.7]]
+[transfer=<run id>] [gamma=4] [test=0.25] [topk=8] [gate_temperature=1.0] [seed=0] [min_rows=50] [runs_dir=…]``
+
+Trains the learned VIA-SD gate (``method.gate=learned``, :mod:`viasd.core.gate`) on a traced run
+(``python -m experiments.trace run=<id> masks=[<mask>]`` first; the draft must be traced): labels
+from the trace (is the slim verifier's greedy token the target's?), a logistic regression weighted
+by ``λ`` (each value of a list is one gate, ``out`` gets ``-lam<λ>`` per value), train/test split
+by problem (``test``: held-out share) and, with ``transfer=<run id>`` (another task, same pair and
+traced mask), a transfer row scored on all of that run's problems. Prints the held-out metrics;
+the gate file records the pair, mask, features, λ, the trace and those metrics (``docs/method.md``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.trace import argv_or_help, parse_args, parse_mask
+from viasd.analysis.gate_train import fit, labelled, scores, split_problems
+from viasd.analysis.paired import resolve_run_id
+from viasd.analysis.replay import TraceSet
+from viasd.analysis.trace import slim_key, trace_dir
+from viasd.errors import ConfigError, one_line_errors
+from viasd.methods.gate_file import save_gate
+from viasd.paths import runs_dir
+from viasd.tracking.store import RunStores
+
+
+@dataclass
+class TrainArgs:
+    """The command's ``key=value`` arguments."""
+
+    run: str = ""
+    mask: Any = None
+    out: str = "gate.pt"
+    lam: list[float] = field(default_factory=lambda: [0.5])
+    transfer: str | None = None
+    gamma: int = 4
+    test: float = 0.25
+    topk: int = 8
+    gate_temperature: float = 1.0
+    seed: int = 0
+    min_rows: int = 50
+    runs_dir: str | None = None
+
+
+def traces_of(store, run: str) -> tuple[str, TraceSet]:
+    """A finished, greedy, traced run's ``(id, traces)`` (one error line naming the fix otherwise)."""
+    rid = resolve_run_id(store, run)
+    folder = trace_dir(store.root, rid)
+    if not (folder / "index.json").is_file():
+        raise ConfigError(f"run {rid} has no traces; run `python -m experiments.trace run={rid} masks=[<mask>]`")
+    traces = TraceSet(folder)
+    if float(traces.meta.get("temperature", 0.0)) > 0:
+        raise ConfigError(f"run {rid} was sampled; the gate's labels need a greedy (ar) run")
+    return rid, traces
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = argv_or_help(argv, __doc__)
+    if argv is None:
+        return 0
+    with one_line_errors():
+        args = parse_args([a.replace("lam=", "lam=[", 1) + "]" if a.startswith("lam=") and "[" not in a else a
+                           for a in argv], TrainArgs)
+        if not args.run or args.mask is None:
+            raise ConfigError("name the traced run and the slim mask: run=<ar run id> mask=<mask> (e.g. mask=[0,1,3])")
+        if not 0 < args.test < 1:
+            raise ConfigError(f"test must be in (0, 1) (got {args.test}): the share of problems held out")
+        spec = slim_key(parse_mask(args.mask, 0.8))
+        store = RunStores.default(args.runs_dir or runs_dir())
+        rid, traces = traces_of(store, args.run)
+        slim_file, _ = traces.file(spec), traces.file("draft")  # each missing trace: one line naming the command
+        data = labelled(traces, "draft", spec, args.gamma, args.topk, args.gate_temperature)
+        train, held = split_problems(traces.n_examples, args.test, args.seed)
+        other = None
+        if args.transfer:
+            orid, otraces = traces_of(store, args.transfer)
+            if otraces.file(spec).meta.get("layers") != slim_file.meta.get("layers"):
+                raise ConfigError(f"transfer run {orid} traced another mask for {spec!r}; trace it with the same pair")
+            other = (orid, labelled(otraces, "draft", spec, args.gamma, args.topk, args.gate_temperature))
+        rows, written = [], []
+        for lam in args.lam:
+            params = fit(data.of(train), float(lam), args.min_rows)
+            metrics = {"held_out": scores(params, data.of(held)), "train": scores(params, data.of(train))}
+            rows.append({"lam": lam, "split": f"held-out problems of {rid}", **metrics["held_out"]})
+            if other is not None:
+                metrics["transfer"] = {"run": other[0], **scores(params, other[1])}
+                rows.append({"lam": lam, "split": f"transfer: all of {other[0]}", **metrics["transfer"]})
+            out = Path(args.out)
+            if len(args.lam) > 1:
+                out = out.with_name(f"{out.stem}-lam{lam:g}{out.suffix}")
+            meta = {"pair": str(slim_file.meta.get("pair")), "mask": spec, "layers": slim_file.meta.get("layers"),
+                    "lam": float(lam), "topk": args.topk, "gate_temperature": args.gate_temperature,
+                    "gamma": args.gamma, "trace": {"run_id": rid, "files": [traces.target.path.name, slim_file.path.name,
+                                                                             traces.file("draft").path.name]},
+                    "train_problems": train, "test_problems": held, "metrics": metrics}
+            written.append(save_gate(out, params["mean"], params["scale"], params["coef"], params["intercept"], meta))
+    print(pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f"))
+    print(f"\n{len(data.y)} labelled rows over {traces.n_examples} problems of {rid} ({len(train)} train / "
+          f"{len(held)} held out), mask {spec}")
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

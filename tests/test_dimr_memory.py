@@ -80,7 +80,7 @@ def test_dry_run_prints_search_memory_and_refuses_what_does_not_fit(monkeypatch,
     out = capsys.readouterr().out
     assert "gemma2-2b-9b/dimr_search" in out and "+ stored states" in out and "batch/chunk" in out
     with pytest.raises(ConfigError, match=r"llama2-7b-70b.*needs ~14\d GiB \(bfloat16, weights .* stored states"):
-        dr.dry_run(cells, "table1")
+        dr.dry_run(cells, "table1", strict=True)
 
 
 def test_readme_hardware_table_gives_the_dry_runs_peaks(monkeypatch, tmp_path):

@@ -15,8 +15,11 @@ prints, per composed cell:
 and, once before the cells, every task's ``preflight()`` (the sandbox check of code tasks).
 
 It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
-no local config), a gated model without a Hugging Face token while the hub is reachable, a
-pair that cannot fit the visible GPUs, or calibration with fewer texts than asked for; it ends with
+no local config), a gated model without a Hugging Face token while the hub is reachable, or
+calibration with fewer texts than asked for. A cell that does not fit the visible GPUs is not an
+inconsistency of the grid but of this machine: it is marked ``DOES NOT FIT`` with the memory it
+needs, the other cells are planned, and a summary per pair says which fit; only
+``dry_run_strict=true`` turns a cell that does not fit into an error (exit status 2). It ends with
 what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
 """
 
@@ -67,6 +70,7 @@ class CellPlan:
     notes: list[str] = field(default_factory=list)
     mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
     memory_basis: str = f"weights x {OVERHEAD}"
+    misfit: str | None = None  # why the cell does not fit the visible GPUs (None: it fits, or no GPU to check)
 
 
 def _shares_draft(pair: dict[str, Any]) -> bool:
@@ -238,10 +242,11 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     store = RunStore(cfg.tracking.store_dir)
     as_run = cfg.copy()
     with open_dict(as_run):
-        as_run.dry_run = False  # the value the cell's run will have in its identity
+        as_run.dry_run = False  # the values the cell's run will have in its identity
+        as_run.dry_run_strict = False
     plan.finished = store.is_finished(run_id_for(identity(as_run, entry)))
     _check_access(plan)
-    _check_memory(plan, pair)
+    plan.misfit = _misfit(plan, pair)
     return plan
 
 
@@ -258,22 +263,38 @@ def _check_access(plan: CellPlan) -> None:
             )
 
 
-def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
+def _misfit(plan: CellPlan, pair: dict[str, Any]) -> str | None:
+    """Why ``plan`` cannot run on the visible GPUs (one line), or None when it fits or there is no GPU
+    to check against (then a note says what it needs)."""
     if plan.device != "cuda":
-        return
+        return None
     gpus = visible_gpus_gib()
     if not gpus:
         plan.notes.append(f"no GPU visible here; needs ~{plan.need_gib:.1f} GiB of GPU memory")
-        return
+        return None
     spread = bool(pair.get("device_map"))
     have = sum(gpus) if spread else gpus[0]
-    if plan.need_gib > have:
-        how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
-        raise ConfigError(
-            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
+    if plan.need_gib <= have:
+        return None
+    how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
+    return (f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
             f"but fits only {how}; use more or larger GPUs"
-            + ("" if spread else " or set pair.device_map=auto to spread the models")
-        )
+            + ("" if spread else " or set pair.device_map=auto to spread the models"))
+
+
+def _fit_summary(plans: list[CellPlan]) -> list[str]:
+    """One line per pair: how many of its cells fit the visible GPUs, and the most one that does not needs."""
+    pairs: dict[str, list[CellPlan]] = {}
+    for p in plans:
+        pairs.setdefault(p.label.split("/", 1)[0], []).append(p)
+    lines = []
+    for name, ps in pairs.items():
+        bad = [p for p in ps if p.misfit]
+        line = f"  {name:<24} {len(ps) - len(bad)} fit, {len(bad)} do not fit"
+        if bad:
+            line += f" (largest needs ~{max(p.need_gib for p in bad):.1f} GiB)"
+        lines.append(line)
+    return lines
 
 
 def _print_plan(i: int, total: int, plan: CellPlan) -> None:
@@ -288,13 +309,16 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
         print(f"    data         {line}")
     if plan.mask:
         print(f"    slim mask    {plan.mask}")
+    if plan.misfit:
+        print(f"    DOES NOT FIT {plan.misfit}")
     for note in plan.notes:
         print(f"    note         {note}")
 
 
-def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
-    """Plan and print every cell, then a summary line (and what the grid would stop on before its
-    first cell); raises ConfigError (one line) on an inconsistency."""
+def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False) -> list[CellPlan]:
+    """Plan and print every cell, then a summary (which cells fit the visible GPUs, per pair; what the
+    grid would stop on before its first cell); raises ConfigError (one line) on an inconsistency, and
+    with ``strict`` when a cell does not fit the visible GPUs."""
     plans: list[CellPlan] = []
     gpus = visible_gpus_gib()
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
@@ -313,14 +337,22 @@ def dry_run(cells: list[DictConfig], name: str = "run") -> list[CellPlan]:
         _print_plan(i, len(cells), plan)
     todo = sum(not p.finished for p in plans)
     peak = max((p.need_gib for p in plans), default=0.0)
+    misfits = [p for p in plans if p.misfit]
     print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished); "
           f"largest cell ~{peak:.1f} GiB; nothing was downloaded")
+    if gpus:
+        print(f"[viasd] fit on the visible GPUs: {len(plans) - len(misfits)} fit, {len(misfits)} do not fit")
+        for line in _fit_summary(plans):
+            print(line)
     why = not_ready(cells, preflights)
     if why:
         print(f"[viasd] before this grid can start: {why}")
+    if strict and misfits:
+        raise ConfigError(f"{len(misfits)} of {len(plans)} cells do not fit the visible GPUs "
+                          f"(first: cell {plans.index(misfits[0]) + 1}, {misfits[0].misfit})")
     return plans
 
 
 def dry_run_main(cfg: DictConfig) -> list[CellPlan]:
     """The ``dry_run=true`` entry of a single run (an exp's dry run is the grid callback's)."""
-    return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}")
+    return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}", strict=bool(cfg.get("dry_run_strict")))

@@ -22,7 +22,7 @@ EXAMPLE_ONLY = ("id", "prompt", "prediction", "raw_output", "reference", "token_
 
 # Override prefixes dropped from a cell's command line to name its ar run: the method, and the exp/scale/hydra keys
 # that would start a grid instead of one run.
-DROPPED_FOR_AR = ("method", "drafter@method", "exp", "scale", "hydra", "dry_run")
+DROPPED_FOR_AR = ("method", "drafter@method", "exp", "scale", "hydra", "dry_run", "dry_run_strict")
 
 
 def matched_speedups(summary: dict[str, Any], resolved: dict[str, Any], store: RunStore,

@@ -132,7 +132,7 @@ def _first_usable(candidates: list[str], namespace: bool) -> str | None:
         for py in candidates:
             as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
             if namespace:
-                cmd = namespace_prefix(2, uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
+                cmd = namespace_prefix(2, uid, 16, 1 << 20, [], py) + [py, "-I", "-c", _VERSION_CODE]
                 sandboxed = _probe_version(cmd, workdir)
             else:
                 sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
@@ -310,7 +310,7 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
         uid = take_uid() if plan.drop_uid else None
         if namespace:
             procs = cg.procs_files if cg else []
-            cmd = namespace_prefix(res_w, uid, max_disk_mb, max_file_mb * mb, procs) + driver
+            cmd = namespace_prefix(res_w, uid, max_disk_mb, max_file_mb * mb, procs, plan.python) + driver
             env = minimal_env("/tmp/work")
         else:
             cmd, env = driver, minimal_env(workdir)

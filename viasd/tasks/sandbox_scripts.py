@@ -15,9 +15,13 @@ after the checks returned or raised; so the harness trusts setup text only befor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-__all__ = ["DRIVER", "KEY_BYTES", "READY", "SETUP_MARKER", "STAGE", "minimal_env", "namespace_prefix"]
+__all__ = [
+    "DRIVER", "KEY_BYTES", "READY", "SETUP_MARKER", "STAGE", "SYSTEM_DIRS", "minimal_env", "namespace_prefix",
+    "root_binds",
+]  # fmt: skip
 
 READY = b"ready\n"
 SETUP_MARKER = b"viasd-sandbox-setup-failed: "
@@ -120,31 +124,69 @@ _viasd_driver(__import__("sys").argv)
 """
 
 # Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
-# cgroup, lower the IPC limits, mount private tmpfs over the world-writable directories,
-# copy the program into /tmp/work, then run the driver as the fresh uid without
-# capabilities. sh stays PID 1 (a program that kills itself must not be PID 1); when it
-# exits, the kernel kills whatever is left. $1 result fd (setup failures go there), $2 uid,
-# $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files (space separated, may be empty);
-# the rest is the command.
+# cgroup, lower the IPC limits, build the sample's minimal root and pivot_root into it, then
+# run the driver as the fresh uid without capabilities. The minimal root is a tmpfs holding
+# read-only bind mounts of the interpreter's installation and the system directories it
+# needs ($6), the symlinks among them (merged /usr), a fresh /proc of the PID namespace, a
+# few device nodes, private size-limited tmpfs /tmp (the working directory /tmp/work, with
+# the program copied in) and /dev/shm; nothing else of the host (repository, data, home
+# directories, /run and its sockets) exists there. sh stays PID 1 (a program that kills
+# itself must not be PID 1); when it exits, the kernel kills whatever is left. $1 result fd
+# (setup failures go there), $2 uid, $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files
+# (space separated, may be empty), $6 the paths to bind (space separated); the rest is the
+# command.
 STAGE = r"""
-res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; shift 5
+res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; binds=$6; shift 6
 fail() { echo "viasd-sandbox-setup-failed: $*" > "/proc/self/fd/$res"; exit 125; }  # dash: fds > 9
 for f in $cgs; do echo 0 > "$f" || fail "join cgroup $f"; done
 echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel/shmall &&
   echo 4 > /proc/sys/kernel/shmmni && echo 4 > /proc/sys/kernel/msgmni &&
   echo 4 > /proc/sys/fs/mqueue/queues_max || fail "IPC limits"
-mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs /tmp || fail "mount /tmp"
-for d in /var/tmp /run/lock /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$d" || fail "mount $d"; fi
+R=/tmp  # the new root: a tmpfs over /tmp of this mount namespace (the working directory stays reachable)
+mount -t tmpfs -o "size=1m,mode=755,nosuid,nodev" tmpfs "$R" || fail "mount the minimal root"
+for p in $binds; do
+  if [ -L "$p" ]; then
+    mkdir -p "$R${p%/*}" && ln -s "$(readlink "$p")" "$R$p" || fail "link $p"
+  elif [ -d "$p" ]; then
+    mkdir -p "$R$p" && mount --bind "$p" "$R$p" && mount -o remount,bind,ro,nosuid,nodev "$R$p" ||
+      fail "bind $p"
+  fi
 done
-mkdir -m 700 /tmp/work && cp program.py checks.py /tmp/work/ && chown -R "$uid:$uid" /tmp/work ||
+mkdir -p "$R/proc" "$R/dev/shm" "$R/tmp" && mount -t proc -o nosuid,nodev,noexec proc "$R/proc" ||
+  fail "mount /proc"
+for n in null zero full random urandom; do
+  touch "$R/dev/$n" && mount --bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"
+done
+ln -s /proc/self/fd "$R/dev/fd" && ln -s /proc/self/fd/0 "$R/dev/stdin" &&
+  ln -s /proc/self/fd/1 "$R/dev/stdout" && ln -s /proc/self/fd/2 "$R/dev/stderr" || fail "link /dev/fd"
+mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$R/dev/shm" || fail "mount /dev/shm"
+mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$R/tmp" || fail "mount /tmp"
+mkdir -m 700 "$R/tmp/work" && cp program.py checks.py "$R/tmp/work/" && chown -R "$uid:$uid" "$R/tmp/work" ||
   fail "prepare /tmp/work"
+mkdir "$R/.old" && cd "$R" && PATH="/usr/sbin:/sbin:$PATH" pivot_root . .old && umount -l /.old && rmdir /.old || fail "pivot_root"
+mount -o remount,bind,ro,nosuid,nodev / || fail "remount / read-only"
 cd /tmp/work || fail "cd /tmp/work"
 unset OLDPWD
 setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
   --inh-caps=-all --bounding-set=-all "$@"
 exit $?
 """
+
+# The host directories a minimal root needs besides the interpreter's installation (those
+# that exist; symlinks, as in merged /usr, are recreated as symlinks).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def root_binds(python: str) -> list[str]:
+    """The host paths a sample's minimal root shows, read-only: the system directories and
+    the installation of ``python`` (the directory above its real ``bin/``), when elsewhere."""
+    real = os.path.realpath(python)
+    install = os.path.dirname(os.path.dirname(real))
+    paths = [p for p in SYSTEM_DIRS if os.path.lexists(p)]
+    inside = any(install == p or install.startswith(p + "/") for p in paths)
+    if not inside and install not in ("/", "") and " " not in install:
+        paths.append(install)
+    return paths
 
 
 def minimal_env(home: str) -> dict[str, str]:
@@ -164,11 +206,15 @@ def minimal_env(home: str) -> dict[str, str]:
 
 
 def namespace_prefix(
-    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]
+    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str], python: str
 ) -> list[str]:
-    """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode."""
+    """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode.
+
+    ``python`` is the interpreter the driver runs with (its installation is bound into the
+    sample's minimal root).
+    """
     return [
         "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
         "sh", "-c", STAGE, "viasd-sandbox", str(res_fd), str(uid), f"{tmpfs_mb}m", str(ipc_bytes),
-        " ".join(cgroup_procs),
+        " ".join(cgroup_procs), " ".join(root_binds(python)),
     ]  # fmt: skip

@@ -333,3 +333,80 @@ def test_a_unix_socket_of_the_host_cannot_be_reached():
     finally:
         srv.close()
         path.unlink(missing_ok=True)
+
+
+# --- issue 46: the checks live in the harness; only plain data crosses ---------------------------
+
+READ_CHECKS = (
+    "import os, re\nfound = ''\n"
+    "for p in ('checks.py', '/tmp/work/checks.py', '/proc/self/cmdline', '/proc/1/cmdline', '/proc/self/environ'):\n"
+    "    try:\n        found += open(p, 'rb').read().decode('utf-8', 'replace')\n"
+    "    except OSError:\n        pass\n"
+    "for fd in range(3, 64):\n"
+    "    try:\n        os.set_blocking(fd, False)\n        found += os.read(fd, 1 << 16).decode('utf-8', 'replace')\n"
+    "    except OSError:\n        pass\n"
+    "m = re.search('CHECKS-' + r'MARKER-(\\d+)', found)\n"
+    "print('found checks:', bool(m))\n"
+    "def add(a, b):\n    return int(m.group(1)) if m else 0\n"
+)
+TRACE_SWAP = (
+    "import sys, threading\n"
+    "def tracer(frame, event, arg):\n"
+    "    frame.f_globals['check'] = lambda f: None\n"
+    "    return tracer\n"
+    "sys.settrace(tracer)\nthreading.settrace(tracer)\nsys.setprofile(lambda *a: None)\n" + WRONG
+)
+ABS_SWAP = (
+    "import gc\n"
+    "for ref in gc.get_referrers(abs):\n"
+    "    if isinstance(ref, dict) and ref.get('abs') is abs:\n"
+    "        ref['abs'] = lambda x: 0\n" + WRONG
+)
+ALWAYS_EQUAL = (
+    "class Yes:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Yes()\n"
+)
+EQUAL_INT = ALWAYS_EQUAL.replace("class Yes:", "class Yes(int):").replace("Yes()", "Yes(0)")  # crosses as 0
+ATTACKS = {
+    "read the checks": (READ_CHECKS, CHECKS),
+    "trace hook rebinds check": (TRACE_SWAP, CHECKS),
+    "gc finds the checks' abs": (ABS_SWAP, ABS_CHECKS),
+    "always-equal object": (ALWAYS_EQUAL, CHECKS),
+    "always-equal int": (EQUAL_INT, CHECKS),
+    "rebinds abs": ("abs = lambda x: 0\n" + WRONG, ABS_CHECKS),
+}
+
+
+@pytest.mark.parametrize(("code", "checks"), list(ATTACKS.values()), ids=list(ATTACKS))
+def test_the_program_cannot_reach_the_checks(code, checks):
+    r = run_program(code, checks + "# CHECKS-MARKER-5\n")
+    assert r.status == "failed", r
+    if code is ALWAYS_EQUAL:
+        assert r.reason.startswith("a value could not cross to the checks: ") and "Yes" in r.reason, r
+    else:
+        assert r.reason == "AssertionError in the checks", r
+    assert "found checks: True" not in r.detail, r.detail
+
+
+PLAIN = (
+    "import math\nSCALE = 2\n"
+    "def f(x):\n    return [x, (x, None), {x: b'x'}, {1.5, True}, frozenset('a'), complex(x, 1), 'é']\n"
+    "def boom(kind):\n    raise {'v': ValueError, 'own': type('OwnError', (Exception,), {})}[kind]('no')\n"
+)
+PLAIN_CHECKS = (
+    "assert f(3) == [3, (3, None), {3: b'x'}, {1.5, True}, frozenset('a'), complex(3, 1), 'é']\n"
+    "assert type(f(3)[1]) is tuple and SCALE == 2 and math.isclose(math.pi, 3.14159, rel_tol=1e-3)\n"
+    "try:\n    boom('v')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\n"
+    "boom('own')\n"
+)
+
+
+def test_a_def_named_like_a_builtin_is_what_the_checks_call():
+    # MBPP 126 asks for a function called sum; only a top-level def shadows a builtin.
+    code = "def sum(a, b):\n    return a - b\n"
+    assert run_program(code, "assert sum(5, 3) == 2\nassert len([1]) == 1\n").passed
+
+
+def test_plain_values_exceptions_and_modules_cross():
+    r = run_program(PLAIN, PLAIN_CHECKS)
+    assert r.status == "failed" and r.reason == "OwnError in the checks", r  # got past every assert
+    assert run_program(PLAIN, PLAIN_CHECKS.replace("boom('own')\n", "")).passed

@@ -410,3 +410,15 @@ def test_plain_values_exceptions_and_modules_cross():
     r = run_program(PLAIN, PLAIN_CHECKS)
     assert r.status == "failed" and r.reason == "OwnError in the checks", r  # got past every assert
     assert run_program(PLAIN, PLAIN_CHECKS.replace("boom('own')\n", "")).passed
+
+
+def test_objects_of_the_program_stay_there_and_pass_back_by_name():
+    # MBPP 367: the setup (run after the program, in its process) builds a tree of the program's class.
+    code = (
+        "class Node:\n    def __init__(self, data):\n        self.data, self.kids = data, []\n"
+        "def depth(n):\n    return 1 + max([depth(k) for k in n.kids], default=0)\n\n"
+        "root = Node(1)\nroot.kids.append(Node(2))\n"
+    )
+    assert run_program(code, "assert depth(root) == 2\n").passed
+    r = run_program(code, "assert root.data == 1\n")
+    assert r.status == "failed" and r.reason == "AttributeError in the checks", r  # a reference, not a copy

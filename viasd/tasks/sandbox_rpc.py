@@ -143,6 +143,17 @@ def _exception(name: object) -> type[BaseException]:
     return type(name, (CandidateError,), {})
 
 
+class _Ref:
+    """An object of the program's namespace that is not plain data (MBPP 367's trees): it stays
+    in the program's process; passed to one of the program's functions, it is sent by name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<the program's {self.name}>"
+
+
 class _Remote:
     """A function of the program, called in the program's process."""
 
@@ -150,7 +161,9 @@ class _Remote:
         self._link, self.__name__ = link, name
 
     def __call__(self, *args, **kwargs):
-        reply = self._link.call(("call", self.__name__, args, kwargs))
+        refs = {i: a.name for i, a in enumerate(args) if type(a) is _Ref}
+        plain = tuple(None if i in refs else a for i, a in enumerate(args))
+        reply = self._link.call(("call", self.__name__, plain, kwargs, refs))
         if reply[0] == "ok":
             return reply[1]
         if reply[0] == "raise":
@@ -193,6 +206,8 @@ class _ChecksGlobals(dict):
             value = importlib.import_module(reply[1])
         elif kind == "value":
             value = reply[1]
+        elif kind == "ref":
+            value = _Ref(name)
         else:
             raise KeyError(name)
         self[name] = value

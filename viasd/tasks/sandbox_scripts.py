@@ -31,7 +31,8 @@ SETUP_MARKER = b"viasd-sandbox-setup-failed: "
 # the limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard,
 # the seccomp filter as hex ("-": none). It runs the program, then clears every trace and
 # profile hook and serves the harness's requests (look up a name of the program's namespace,
-# call one of its functions) until told to end; the checks never exist in this process.
+# call one of its functions, with arguments that may name the program's own objects) until
+# told to end; the checks never exist in this process.
 DRIVER = r"""
 def _viasd_driver(argv):
     import _signal, builtins, ctypes, os, resource, sys, types
@@ -144,9 +145,16 @@ def _viasd_driver(argv):
                     elif callable(obj):
                         reply = ("call",)
                     else:
-                        reply = ("value", obj)
+                        try:
+                            enc(obj)
+                            reply = ("value", obj)
+                        except Base:
+                            reply = ("ref",)  # stays here; the checks may pass it back by name
                 else:
-                    reply = ("ok", obj(*req[2], **req[3]))
+                    args = list(req[2])
+                    for i, ref in req[4].items():
+                        args[i] = g[ref]
+                    reply = ("ok", obj(*args, **req[3]))
             except Base as e:
                 reply = ("raise", class_name(e).decode())
             quiet()

@@ -198,26 +198,24 @@ echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel
   echo 4 > /proc/sys/fs/mqueue/queues_max || fail "IPC limits"
 R=/tmp  # the new root: a tmpfs over /tmp of this mount namespace (the working directory stays reachable)
 mount -t tmpfs -o "size=1m,mode=755,nosuid,nodev" tmpfs "$R" || fail "mount the minimal root"
+dirs="$R/proc $R/dev/shm $R/tmp $R/.old"; links=""
 for p in $binds; do
-  if [ -L "$p" ]; then
-    mkdir -p "$R${p%/*}" && ln -s "$(readlink "$p")" "$R$p" || fail "link $p"
-  elif [ -d "$p" ]; then
-    mkdir -p "$R$p" && mount --bind "$p" "$R$p" && mount -o remount,bind,ro,nosuid,nodev "$R$p" ||
-      fail "bind $p"
-  fi
+  if [ -L "$p" ]; then links="$links $p"; elif [ -d "$p" ]; then dirs="$dirs $R$p"; fi
 done
-mkdir -p "$R/proc" "$R/dev/shm" "$R/tmp" && mount -t proc -o nosuid,nodev,noexec proc "$R/proc" ||
-  fail "mount /proc"
-for n in null zero full random urandom; do
-  touch "$R/dev/$n" && mount --bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"
+mkdir -p $dirs && touch "$R/dev/null" "$R/dev/zero" "$R/dev/full" "$R/dev/random" "$R/dev/urandom" ||
+  fail "prepare the minimal root"
+for p in $links; do ln -s "$(readlink "$p")" "$R$p" || fail "link $p"; done
+for p in $binds; do
+  if [ ! -L "$p" ] && [ -d "$p" ]; then mount -o bind,ro,nosuid,nodev "$p" "$R$p" || fail "bind $p"; fi
 done
-ln -s /proc/self/fd "$R/dev/fd" && ln -s /proc/self/fd/0 "$R/dev/stdin" &&
-  ln -s /proc/self/fd/1 "$R/dev/stdout" && ln -s /proc/self/fd/2 "$R/dev/stderr" || fail "link /dev/fd"
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc" || fail "mount /proc"
+for n in null zero full random urandom; do mount -o bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"; done
+ln -s /proc/self/fd "$R/dev/fd" || fail "link /dev/fd"
 mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$R/dev/shm" || fail "mount /dev/shm"
 mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$R/tmp" || fail "mount /tmp"
 mkdir -m 700 "$R/tmp/work" && cp program.py "$R/tmp/work/" && chown -R "$uid:$uid" "$R/tmp/work" ||
   fail "prepare /tmp/work"
-mkdir "$R/.old" && cd "$R" && PATH="/usr/sbin:/sbin:$PATH" pivot_root . .old && umount -l /.old && rmdir /.old || fail "pivot_root"
+cd "$R" && PATH="/usr/sbin:/sbin:$PATH" pivot_root . .old && umount -l /.old && rmdir /.old || fail "pivot_root"
 mount -o remount,bind,ro,nosuid,nodev / || fail "remount / read-only"
 cd /tmp/work || fail "cd /tmp/work"
 unset OLDPWD

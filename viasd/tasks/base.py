@@ -150,10 +150,8 @@ class Task:
             raise ConfigError(f"task {self.name!r}: max_new_tokens must be a positive integer")
         self.max_new_tokens: int = int(self.cfg["max_new_tokens"])
         if self.cfg["truncate"] not in (None, "left", "right"):
-            raise ConfigError(
-                f"task {self.name!r}: truncate must be left, right or null (refuse over-long prompts), "
-                f"got {self.cfg['truncate']!r}"
-            )
+            raise ConfigError(f"task {self.name!r}: truncate must be left, right or null (refuse over-long prompts), "
+                              f"got {self.cfg['truncate']!r}")
         self.stop_strings: list[str] = [str(s) for s in (self.cfg["stop_strings"] or [])]
         chat_stops = self.cfg["chat_stop_strings"]
         self.chat_stop_strings: list[str] = (
@@ -176,9 +174,7 @@ class Task:
 
     def load_rows(self) -> list[dict[str, Any]]:
         """All rows of the configured source, in the offline files' field layout."""
-        rows = load_rows(
-            self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name, self.cfg["hub_root"]
-        )
+        rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name, self.cfg["hub_root"])
         if self.source() == "hub":
             rows = [self.normalize_hub_row(r) for r in rows]
         return rows
@@ -233,9 +229,7 @@ class Task:
                 elif self.cfg["subset"] == "id":
                     idx = sorted(sorted(idx, key=lambda i: subset_rank(seed, self.row_key(i, rows[i])))[:n])
                 else:
-                    raise ConfigError(
-                        f"task {self.name!r}: subset must be id or position, got {self.cfg['subset']!r}"
-                    )
+                    raise ConfigError(f"task {self.name!r}: subset must be id or position, got {self.cfg['subset']!r}")
             self._examples = [self.make_example(i, rows[i]) for i in idx]
         return list(self._examples)
 

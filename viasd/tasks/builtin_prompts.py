@@ -99,14 +99,8 @@ DISTILL_PROMPTS: tuple[tuple[str, str], ...] = (
     ("humanities", "Explain what democracy means and name two kinds of democracy."),
     ("humanities", "Who was Leonardo da Vinci and why is he famous?"),
     ("reasoning", "If all bloops are razzies and all razzies are lazzies, are all bloops lazzies? Explain."),
-    (
-        "reasoning",
-        "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
-    ),
-    (
-        "math",
-        "Tom has 12 apples. He gives 5 to his friend and buys 8 more. How many apples does he have now?",
-    ),
+    ("reasoning", "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?"),
+    ("math", "Tom has 12 apples. He gives 5 to his friend and buys 8 more. How many apples does he have now?"),
     ("math", "A train travels 60 miles per hour for 3 hours. How far does it travel?"),
     ("math", "What is 15% of 240? Show your work."),
     ("math", "Sara reads 20 pages a day. How many days does she need to finish a 340-page book?"),
@@ -122,38 +116,14 @@ DISTILL_PROMPTS: tuple[tuple[str, str], ...] = (
     ("qa", "How many planets are there in the solar system?"),
     ("qa", "What is the largest ocean on Earth?"),
     ("qa", "When did the first person land on the Moon?"),
-    (
-        "translation",
-        "Translate the following German text to English.\n\nDer Zug kommt heute später an, weil es auf der Strecke einen Unfall gab.",
-    ),
-    (
-        "translation",
-        "Translate the following German text to English.\n\nIch habe gestern ein sehr interessantes Buch über die Geschichte Berlins gelesen.",
-    ),
-    (
-        "translation",
-        "Translate the following German text to English.\n\nDie Regierung plant, im nächsten Jahr mehr Geld in Schulen zu investieren.",
-    ),
-    (
-        "summarization",
-        "Summarize the following article in one sentence.\n\nThe city council voted on Tuesday to expand the bicycle lane network by 40 kilometres over the next three years. Supporters said the plan would reduce traffic and pollution, while some shop owners worried about losing parking spaces. The first new lanes are expected to open in the spring.",
-    ),
-    (
-        "summarization",
-        "Summarize the following article in one sentence.\n\nScientists have discovered a new species of frog in the rainforests of Peru. The tiny amphibian, which is less than two centimetres long, was found during a survey of a remote mountain area. Researchers say the discovery shows how much remains unknown about the region's wildlife.",
-    ),
-    (
-        "summarization",
-        "Summarize the following article in one sentence.\n\nA local bakery has won a national award for its sourdough bread. The owners, who opened the shop five years ago, said they were surprised and delighted by the prize. They plan to use the prize money to train two new apprentices.",
-    ),
-    (
-        "extraction",
-        "Extract the names of all the people mentioned in this sentence: Alice met Bob and Carol at the station, while Dave waited in the car.",
-    ),
-    (
-        "extraction",
-        "List the dates mentioned in this text: The project started on 3 March 2021, paused on 15 June 2021 and finished on 1 February 2022.",
-    ),
+    ("translation", "Translate the following German text to English.\n\nDer Zug kommt heute später an, weil es auf der Strecke einen Unfall gab."),
+    ("translation", "Translate the following German text to English.\n\nIch habe gestern ein sehr interessantes Buch über die Geschichte Berlins gelesen."),
+    ("translation", "Translate the following German text to English.\n\nDie Regierung plant, im nächsten Jahr mehr Geld in Schulen zu investieren."),
+    ("summarization", "Summarize the following article in one sentence.\n\nThe city council voted on Tuesday to expand the bicycle lane network by 40 kilometres over the next three years. Supporters said the plan would reduce traffic and pollution, while some shop owners worried about losing parking spaces. The first new lanes are expected to open in the spring."),
+    ("summarization", "Summarize the following article in one sentence.\n\nScientists have discovered a new species of frog in the rainforests of Peru. The tiny amphibian, which is less than two centimetres long, was found during a survey of a remote mountain area. Researchers say the discovery shows how much remains unknown about the region's wildlife."),
+    ("summarization", "Summarize the following article in one sentence.\n\nA local bakery has won a national award for its sourdough bread. The owners, who opened the shop five years ago, said they were surprised and delighted by the prize. They plan to use the prize money to train two new apprentices."),
+    ("extraction", "Extract the names of all the people mentioned in this sentence: Alice met Bob and Carol at the station, while Dave waited in the car."),
+    ("extraction", "List the dates mentioned in this text: The project started on 3 March 2021, paused on 15 June 2021 and finished on 1 February 2022."),
     ("writing", "Give me five tips for staying productive while working from home."),
     ("stem", "Explain what machine learning is to a ten-year-old."),
     ("humanities", "Describe the main features of Gothic architecture."),

@@ -26,17 +26,13 @@ from viasd.tasks.base import Example, Task
 
 __all__ = ["context_limit", "tokens_over", "fit_examples"]
 
-
 def context_limit(pair: Any) -> int | None:
     """The fewest positions any decoder-only model of ``pair`` has (``max_position_embeddings``);
     None when none has a limit (T5's relative positions) or the target is an encoder-decoder."""
     if getattr(pair, "is_encoder_decoder", False):
         return None
-    limits = [
-        getattr(getattr(m, "config", None), "max_position_embeddings", None)
-        for m in (pair.target, pair.draft, getattr(pair, "intermediate", None))
-        if m is not None
-    ]
+    limits = [getattr(getattr(m, "config", None), "max_position_embeddings", None)
+              for m in (pair.target, pair.draft, getattr(pair, "intermediate", None)) if m is not None]
     limits = [int(n) for n in limits if isinstance(n, int) and n > 0]
     return min(limits) if limits else None
 
@@ -52,7 +48,7 @@ def tokens_over(count: Callable[[str], int], text: str, limit: int) -> tuple[int
     n = 4 * (limit + 1)
     while n < len(text):
         cut = text.rfind(" ", n // 2, n)
-        got = count(text[: cut if cut > 0 else n])
+        got = count(text[:cut if cut > 0 else n])
         if got > limit + 8:
             return got, False
         n *= 4
@@ -73,13 +69,12 @@ def _with_text(example: Example, where: str, text: str) -> Example:
     return dataclasses.replace(example, meta={**example.meta, "plain_prompt": text})
 
 
-def _truncate(
-    task: Task, example: Example, tokenizer: Any, limit: int, side: str, count: Callable[[str], int]
-) -> Example:
+def _truncate(task: Task, example: Example, tokenizer: Any, limit: int, side: str,
+              count: Callable[[str], int]) -> Example:
     """``example`` with its text cut on ``side`` until its rendered prompt has ≤ ``limit`` tokens."""
     where, text = _field(example, bool(getattr(tokenizer, "chat_template", None)))
     if len(text) > 64 * (limit + 1):  # far too long: keep the side that stays before tokenizing it
-        text = text[-64 * (limit + 1) :] if side == "left" else text[: 64 * (limit + 1)]
+        text = text[-64 * (limit + 1):] if side == "left" else text[:64 * (limit + 1)]
     ids = tokenizer(text, add_special_tokens=False).input_ids
     keep = len(ids) - (count(task.render(_with_text(example, where, text), tokenizer)) - limit)
     for _ in range(8):  # decode/encode round trips can shift a token or two
@@ -91,10 +86,8 @@ def _truncate(
         if over <= 0 and cut.strip():
             return fitted
         keep -= max(over, 1)
-    raise ConfigError(
-        f"task {task.name!r}: example {example.id!r} does not fit {limit} tokens even with its text "
-        f"cut (task.truncate={side}): the template alone is too long; lower generation.max_new_tokens"
-    )
+    raise ConfigError(f"task {task.name!r}: example {example.id!r} does not fit {limit} tokens even with its text "
+                      f"cut (task.truncate={side}): the template alone is too long; lower generation.max_new_tokens")
 
 
 def fit_examples(task: Task, examples: list[Example], pair: Any, max_new_tokens: int) -> list[Example]:
@@ -107,10 +100,8 @@ def fit_examples(task: Task, examples: list[Example], pair: Any, max_new_tokens:
     limit = positions - int(max_new_tokens)
     side = task.cfg.get("truncate")
     if limit < 1:
-        raise ConfigError(
-            f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in {pair.name}'s "
-            f"{positions} positions; lower it"
-        )
+        raise ConfigError(f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in {pair.name}'s "
+                          f"{positions} positions; lower it")
     tok = pair.tokenizer
     special = not getattr(tok, "chat_template", None)  # as ModelPair.encode tokenizes
 
@@ -127,8 +118,7 @@ def fit_examples(task: Task, examples: list[Example], pair: Any, max_new_tokens:
             raise ConfigError(
                 f"task {task.name!r}: example {ex.id!r} has {'' if over[1] else 'at least '}{over[0]} prompt "
                 f"tokens; {pair.name} holds {positions} positions - max_new_tokens {max_new_tokens} = {limit}; shorten "
-                f"it, lower generation.max_new_tokens, or set task.truncate=left|right to cut its start|end"
-            )
+                f"it, lower generation.max_new_tokens, or set task.truncate=left|right to cut its start|end")
         out.append(_truncate(task, ex, tok, limit, side, count))
         cut += 1
     if cut:

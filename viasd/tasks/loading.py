@@ -35,17 +35,8 @@ from urllib.parse import quote
 from viasd.errors import ConfigError
 from viasd.paths import data_dir, data_file, default_data_dir
 
-__all__ = [
-    "SOURCES",
-    "check_text_file",
-    "hub_data_files",
-    "is_commit",
-    "load_rows",
-    "resolve_hub",
-    "resolve_source",
-    "subset_rank",
-    "use_hub_resolver",
-]
+__all__ = ["SOURCES", "check_text_file", "hub_data_files", "is_commit", "load_rows", "resolve_hub", "resolve_source",
+           "subset_rank", "use_hub_resolver"]
 
 
 SOURCES = ("auto", "local", "hub")
@@ -87,24 +78,17 @@ def hf_api_resolver(hub: Mapping[str, Any]) -> dict[str, Any]:
     blob id for non-LFS files) of every file matching ``hub["files"]``. Needs the network."""
     from huggingface_hub import HfApi
 
-    info = HfApi().dataset_info(
-        str(hub["path"]), revision=str(hub.get("revision") or "main"), files_metadata=True
-    )
+    info = HfApi().dataset_info(str(hub["path"]), revision=str(hub.get("revision") or "main"), files_metadata=True)
     pattern = str(hub.get("files") or "*")
-    files = {
-        s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id)
-        for s in info.siblings or []
-        if fnmatch.fnmatch(s.rfilename, pattern)
-    }
+    files = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []
+             if fnmatch.fnmatch(s.rfilename, pattern)}
     return {"commit": info.sha, "files": dict(sorted(files.items()))}
 
 
 def mirror_resolver(hub: Mapping[str, Any], hub_root: str) -> dict[str, Any]:
     """A ``hub_root`` mirror's record: no commit (a mirror has none), the sha256 of each matching file."""
     root = Path(hub_root).expanduser() / str(hub["path"])
-    files = {
-        str(f.relative_to(root)): _file_sha256(f) for f in sorted(root.glob(str(hub.get("files") or "*")))
-    }
+    files = {str(f.relative_to(root)): _file_sha256(f) for f in sorted(root.glob(str(hub.get("files") or "*")))}
     return {"commit": None, "files": files}
 
 
@@ -132,9 +116,7 @@ def use_hub_resolver(resolver: HubResolver) -> Iterator[None]:
         _RESOLVED.clear()
 
 
-def resolve_hub(
-    hub: Mapping[str, Any], task_name: str, hub_root: str | None = None, why: str = ""
-) -> dict[str, Any]:
+def resolve_hub(hub: Mapping[str, Any], task_name: str, hub_root: str | None = None, why: str = "") -> dict[str, Any]:
     """What the hub path of a task reads: ``{path, revision, commit, files: {name: sha256}}``.
 
     Resolved once per process and spec (every cell of a grid reads the same commit of a
@@ -154,12 +136,8 @@ def resolve_hub(
                 raise FileNotFoundError(f"no file matches {hub.get('files')!r}")
         except Exception as e:  # network, auth, unknown revision: one line, never a traceback
             raise _hub_error(task_name, f"{why}could not resolve", hub, hub_root, e) from None
-        _RESOLVED[key] = {
-            "path": str(hub["path"]),
-            "revision": str(hub.get("revision") or "main"),
-            "commit": got.get("commit"),
-            "files": dict(got["files"]),
-        }
+        _RESOLVED[key] = {"path": str(hub["path"]), "revision": str(hub.get("revision") or "main"),
+                          "commit": got.get("commit"), "files": dict(got["files"])}
     return _RESOLVED[key]
 
 
@@ -171,9 +149,7 @@ def _load_hub(hub: Mapping[str, Any], task_name: str, hub_root: str | None, loca
     try:
         if hub.get("files"):  # at the commit resolve_hub recorded
             return datasets.load_dataset(
-                "parquet",
-                data_files={"rows": hub_data_files(hub, hub_root, commit)},
-                split="rows",
+                "parquet", data_files={"rows": hub_data_files(hub, hub_root, commit)}, split="rows",
                 cache_dir=_datasets_cache_dir(),
             )
         return datasets.load_dataset(
@@ -183,9 +159,7 @@ def _load_hub(hub: Mapping[str, Any], task_name: str, hub_root: str | None, loca
         raise _hub_error(task_name, f"{missing}could not load", hub, hub_root, e) from None
 
 
-def _hub_error(
-    task_name: str, what: str, hub: Mapping[str, Any], hub_root: str | None, e: Exception
-) -> ConfigError:
+def _hub_error(task_name: str, what: str, hub: Mapping[str, Any], hub_root: str | None, e: Exception) -> ConfigError:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     return ConfigError(
         f"task {task_name!r}: {what} {hub['path']}@{hub.get('revision') or 'main'} from "
@@ -194,9 +168,7 @@ def _hub_error(
     )
 
 
-def resolve_source(
-    source: str, offline_file: str | None, hub: Mapping[str, Any] | None, task_name: str
-) -> str:
+def resolve_source(source: str, offline_file: str | None, hub: Mapping[str, Any] | None, task_name: str) -> str:
     """``local`` or ``hub``: what ``source`` (``auto | local | hub``; ``offline`` = ``local``) reads.
 
     ``auto`` reads the offline file when it exists under the data folder (or as an absolute
@@ -205,7 +177,9 @@ def resolve_source(
     """
     source = _ALIASES.get(str(source), str(source))
     if source not in SOURCES:
-        raise ConfigError(f"task {task_name!r}: source must be auto, local (offline) or hub, got {source!r}")
+        raise ConfigError(
+            f"task {task_name!r}: source must be auto, local (offline) or hub, got {source!r}"
+        )
     if source != "auto":
         return source
     if offline_file:
@@ -243,9 +217,7 @@ def load_rows(
             )
         local = None
         if requested == "auto" and offline_file:
-            local = (
-                Path(offline_file) if Path(offline_file).is_absolute() else default_data_dir() / offline_file
-            )
+            local = Path(offline_file) if Path(offline_file).is_absolute() else default_data_dir() / offline_file
         return [dict(r) for r in _load_hub(hub, task_name, hub_root, local)]
     if not offline_file:
         raise ConfigError(f"task {task_name!r}: source is local but offline_file is not set")
@@ -259,9 +231,7 @@ def load_rows(
     else:
         p = data_file(offline_file, task=task_name)
     if p.suffix.lower() not in _COMPRESSED:  # datasets reads compressed JSON lines itself
-        check_text_file(
-            p, f"task {task_name!r}: data file", "fix or fetch it again (python -m experiments.data)"
-        )
+        check_text_file(p, f"task {task_name!r}: data file", "fix or fetch it again (python -m experiments.data)")
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -269,10 +239,8 @@ def load_rows(
     except Exception as e:  # not JSON lines: one line naming the file, never the builder's traceback
         cause = e.__cause__ or e
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
-        raise ConfigError(
-            f"task {task_name!r}: data file {p} is not JSON lines ({type(cause).__name__}: {first}); "
-            "fix or fetch it again (python -m experiments.data)"
-        ) from None
+        raise ConfigError(f"task {task_name!r}: data file {p} is not JSON lines ({type(cause).__name__}: {first}); "
+                          "fix or fetch it again (python -m experiments.data)") from None
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
@@ -291,17 +259,13 @@ def check_text_file(path: Path, what: str = "data file", fix: str = "") -> None:
             pending = len(decoder.getstate()[0])
             nul = chunk.find(b"\0")
             if nul != -1:
-                raise ConfigError(
-                    f"{what} {path} is binary, not text (NUL byte at byte offset {offset + nul}){fix}"
-                )
+                raise ConfigError(f"{what} {path} is binary, not text (NUL byte at byte offset {offset + nul}){fix}")
             try:
                 decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as e:
                 at = offset - pending + e.start
-                raise ConfigError(
-                    f"{what} {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at byte offset "
-                    f"{at} cannot be decoded){fix}"
-                ) from None
+                raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at byte offset "
+                                  f"{at} cannot be decoded){fix}") from None
             if not chunk:
                 return
             offset += len(chunk)
@@ -310,6 +274,7 @@ def check_text_file(path: Path, what: str = "data file", fix: str = "") -> None:
 def subset_rank(seed: int, key: str) -> str:
     """Sort key of one row for the seeded subset: sha256 of ``"<seed>:<key>"`` (order-free)."""
     return hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()
+
 
 
 def _datasets_cache_dir() -> str:

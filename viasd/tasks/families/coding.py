@@ -42,11 +42,8 @@ class _CodeTask(Task):
         unsafe = bool(self.cfg["unsafe_exec"])
         require_isolation(unsafe)
         mode = sandbox_mode(unsafe)
-        return f"sandbox: {mode}" + (
-            " (isolation unavailable, waived: generated code runs unsandboxed)"
-            if mode == "unsafe"
-            else " (isolated)"
-        )
+        return f"sandbox: {mode}" + (" (isolation unavailable, waived: generated code runs unsandboxed)"
+                                     if mode == "unsafe" else " (isolated)")
 
     def postprocess(self, text: str) -> str:
         """The code in the first fenced block if there is one, else the text cut at the stop strings.

@@ -39,11 +39,8 @@ class XSumTask(_SummarizationTask):
 
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         bbc_id = str(row.get("id", ""))
-        return {
-            "document": row["document"],
-            "summary": row["summary"],
-            "id": int(bbc_id) if bbc_id.isdigit() else bbc_id,
-        }
+        return {"document": row["document"], "summary": row["summary"],
+                "id": int(bbc_id) if bbc_id.isdigit() else bbc_id}
 
 
 @TASKS.register("cnndm")
@@ -62,9 +59,5 @@ class CnnDmTask(_SummarizationTask):
         return str(row.get("id", index)).rsplit("-", 1)[-1]
 
     def normalize_hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": row["id"],
-            "article": row["article"],
-            "highlights": row["highlights"],
-            "references": [row["highlights"]],
-        }
+        return {"id": row["id"], "article": row["article"], "highlights": row["highlights"],
+                "references": [row["highlights"]]}

@@ -32,9 +32,7 @@ class Bleu(evaluate.Metric):
     """sacrebleu BLEU + chrF."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return metric_info(
-            _DESCRIPTION, _CITATION, _KWARGS, "https://github.com/mjpost/sacrebleu", many_references=True
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/mjpost/sacrebleu", many_references=True)
 
     def _compute(self, predictions, references, tokenize="13a", lowercase=False, per_example=False):
         refs = [[r] if isinstance(r, str) else list(r) for r in references]

@@ -35,13 +35,7 @@ class Rouge(evaluate.Metric):
     """ROUGE with stemming and an nltk-free Lsum sentence split."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return metric_info(
-            _DESCRIPTION,
-            _CITATION,
-            _KWARGS,
-            "https://github.com/google-research/google-research/tree/master/rouge",
-            many_references=True,
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://github.com/google-research/google-research/tree/master/rouge", many_references=True)
 
     def _compute(self, predictions, references, rouge_types=None, use_stemmer=True, per_example=False):
         types = list(rouge_types or _TYPES)

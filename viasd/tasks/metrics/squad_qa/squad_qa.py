@@ -30,13 +30,7 @@ class SquadQA(evaluate.Metric):
     """Exact match / F1 over multiple references."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return metric_info(
-            _DESCRIPTION,
-            _CITATION,
-            _KWARGS,
-            "https://rajpurkar.github.io/SQuAD-explorer/",
-            many_references=True,
-        )
+        return metric_info(_DESCRIPTION, _CITATION, _KWARGS, "https://rajpurkar.github.io/SQuAD-explorer/", many_references=True)
 
     def _compute(self, predictions, references, per_example=False):
         rows = [

@@ -198,7 +198,7 @@ def test_a_real_setup_failure_is_an_error(monkeypatch):
     monkeypatch.setattr(
         sandbox,
         "namespace_prefix",
-        lambda res, uid, t, i, _: prefix(res, uid, t, i, ["/nonexistent/cgroup.procs"]),
+        lambda res, uid, t, i, _, py: prefix(res, uid, t, i, ["/nonexistent/cgroup.procs"], py),
     )
     r = run_program(RIGHT, CHECKS)
     assert (
@@ -243,22 +243,182 @@ def test_kernel_surface_is_closed():
     assert re.search(r"^Seccomp:\s+2$", r.detail, re.M) and re.search(r"^NoNewPrivs:\s+1$", r.detail, re.M)
 
 
-CPU = (
-    "import resource\nprint('RLIMIT_CPU', resource.getrlimit(resource.RLIMIT_CPU)[0])\n"
-    "for line in open('/proc/self/cgroup'):\n"
-    "    _, ctrl, path = line.strip().split(':', 2)\n"
-    "    for name in ('cpu/' + path.lstrip('/') + '/cpu.cfs_quota_us', path.lstrip('/') + '/cpu.max'):\n"
-    "        if ('cpu' in ctrl.split(',') or not ctrl) and path != '/':\n"
-    "            try:\n"
-    "                print('quota', open('/sys/fs/cgroup/' + name).read().split()[0])\n"
-    "            except OSError:\n"
-    "                pass\n"
-)
+CPU = "import resource\nprint('RLIMIT_CPU', resource.getrlimit(resource.RLIMIT_CPU)[0])\n"
 
 
-def test_cpu_time_is_limited_beside_the_wall_clock():
+def test_cpu_time_is_limited_beside_the_wall_clock(monkeypatch):
+    # The sample's minimal root has no /sys: the harness reads its cgroup's quota before removing it.
+    quotas = []
+    remove = cgroups.SampleCgroup.remove
+
+    def read_then_remove(self, *a, **kw):
+        for d in self.dirs:
+            for name in ("cpu.max", "cpu.cfs_quota_us"):
+                if (d / name).exists():
+                    quotas.append((d / name).read_text().split()[0])
+        return remove(self, *a, **kw)
+
+    monkeypatch.setattr(cgroups.SampleCgroup, "remove", read_then_remove)
     r = run_program(CPU, timeout_s=2.5, max_cpus=0.5)
     assert r.passed and f"RLIMIT_CPU {math.ceil(2.5) + 1}" in r.detail, r
     support = cgroups.cgroup_support()
     if support is not None and "cpu" in support[1]:
-        assert "quota 50000\n" in r.detail, r.detail  # half a CPU of each 100 ms period
+        assert quotas == ["50000"], quotas  # half a CPU of each 100 ms period
+
+
+# --- issue 46: the host's files and Unix sockets --------------------------------------------------
+
+READ_HOST = (
+    "import os\n"
+    "seen = {}\n"
+    "for p in PATHS:\n"
+    "    seen[p] = os.path.exists(p)\n"
+    "print('seen =', sorted(p for p, s in seen.items() if s))\n"
+    "print('root =', sorted(os.listdir('/')))\n"
+    "exec(open(PATHS[0]).read())  # the 'dataset' holds the canonical solution\n"
+)
+
+
+MINIMAL_ROOT = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "dev", "proc", "tmp", "root", "opt"}
+
+
+def test_the_hosts_files_are_not_in_the_sample(tmp_path):
+    dataset = tmp_path / "humaneval.py"
+    dataset.write_text(RIGHT)
+    dataset.chmod(0o644)
+    paths = [str(dataset), str(Path(__file__).resolve()), str(Path.home()), "/work", "/root", "/home", "/etc",
+             "/run", "/var", sandbox.sandbox_python()]  # fmt: skip
+    r = run_program(f"PATHS = {paths!r}\n" + READ_HOST + WRONG, CHECKS)
+    assert r.status == "failed" and "FileNotFoundError" in r.reason, r
+    assert f"seen = {[sandbox.sandbox_python()]}" in r.detail, r.detail  # the interpreter's installation only
+    root = re.search(r"^root = (.*)$", r.detail, re.M).group(1)
+    assert set(eval(root)) <= MINIMAL_ROOT, root
+
+
+def test_the_minimal_root_is_read_only_but_tmp_is_private_and_writable():
+    code = (
+        "import os\nopen('/tmp/work/x', 'w').write('1')\n"
+        "for p in ('/usr/viasd-x', '/viasd-x'):\n"
+        "    try:\n        open(p, 'w')\n        print('wrote', p)\n"
+        "    except OSError as e:\n        print('denied', p, type(e).__name__)\n"
+    )
+    r = run_program(code)
+    assert r.passed and "wrote" not in r.detail and r.detail.count("denied") == 2, r
+
+
+def test_a_unix_socket_of_the_host_cannot_be_reached():
+    import os
+    import socket
+
+    run = Path("/run") if os.access("/run", os.W_OK) else None
+    if run is None:
+        pytest.skip("/run is not writable here")
+    path = run / f"viasd-test-{secrets.token_hex(4)}.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        srv.bind(str(path))
+        path.chmod(0o777)
+        srv.listen(1)
+        srv.settimeout(0.1)
+        code = (
+            "import socket\nprint(__import__('os').path.exists(PATH))\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\ns.connect(PATH)\n" + RIGHT
+        )
+        r = run_program(f"PATH = {str(path)!r}\n" + code, CHECKS)
+        assert r.status == "failed" and "PermissionError" in r.reason, r  # the filter denies AF_UNIX sockets
+        with pytest.raises(socket.timeout):
+            srv.accept()
+        r = run_program("import socket\na, b = socket.socketpair()\na.send(b'x')\nassert b.recv(1) == b'x'\n")
+        assert r.passed, r  # a pair inside the sample reaches nothing outside it
+    finally:
+        srv.close()
+        path.unlink(missing_ok=True)
+
+
+# --- issue 46: the checks live in the harness; only plain data crosses ---------------------------
+
+READ_CHECKS = (
+    "import os, re\nfound = ''\n"
+    "for p in ('checks.py', '/tmp/work/checks.py', '/proc/self/cmdline', '/proc/1/cmdline', '/proc/self/environ'):\n"
+    "    try:\n        found += open(p, 'rb').read().decode('utf-8', 'replace')\n"
+    "    except OSError:\n        pass\n"
+    "for fd in range(3, 64):\n"
+    "    try:\n        os.set_blocking(fd, False)\n        found += os.read(fd, 1 << 16).decode('utf-8', 'replace')\n"
+    "    except OSError:\n        pass\n"
+    "m = re.search('CHECKS-' + r'MARKER-(\\d+)', found)\n"
+    "print('found checks:', bool(m))\n"
+    "def add(a, b):\n    return int(m.group(1)) if m else 0\n"
+)
+TRACE_SWAP = (
+    "import sys, threading\n"
+    "def tracer(frame, event, arg):\n"
+    "    frame.f_globals['check'] = lambda f: None\n"
+    "    return tracer\n"
+    "sys.settrace(tracer)\nthreading.settrace(tracer)\nsys.setprofile(lambda *a: None)\n" + WRONG
+)
+ABS_SWAP = (
+    "import gc\n"
+    "for ref in gc.get_referrers(abs):\n"
+    "    if isinstance(ref, dict) and ref.get('abs') is abs:\n"
+    "        ref['abs'] = lambda x: 0\n" + WRONG
+)
+ALWAYS_EQUAL = (
+    "class Yes:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Yes()\n"
+)
+EQUAL_INT = ALWAYS_EQUAL.replace("class Yes:", "class Yes(int):").replace("Yes()", "Yes(0)")  # crosses as 0
+ATTACKS = {
+    "read the checks": (READ_CHECKS, CHECKS),
+    "trace hook rebinds check": (TRACE_SWAP, CHECKS),
+    "gc finds the checks' abs": (ABS_SWAP, ABS_CHECKS),
+    "always-equal object": (ALWAYS_EQUAL, CHECKS),
+    "always-equal int": (EQUAL_INT, CHECKS),
+    "rebinds abs": ("abs = lambda x: 0\n" + WRONG, ABS_CHECKS),
+}
+
+
+@pytest.mark.parametrize(("code", "checks"), list(ATTACKS.values()), ids=list(ATTACKS))
+def test_the_program_cannot_reach_the_checks(code, checks):
+    r = run_program(code, checks + "# CHECKS-MARKER-5\n")
+    assert r.status == "failed", r
+    if code is ALWAYS_EQUAL:
+        assert r.reason.startswith("a value could not cross to the checks: ") and "Yes" in r.reason, r
+    else:
+        assert r.reason == "AssertionError in the checks", r
+    assert "found checks: True" not in r.detail, r.detail
+
+
+PLAIN = (
+    "import math\nSCALE = 2\n"
+    "def f(x):\n    return [x, (x, None), {x: b'x'}, {1.5, True}, frozenset('a'), complex(x, 1), 'é']\n"
+    "def boom(kind):\n    raise {'v': ValueError, 'own': type('OwnError', (Exception,), {})}[kind]('no')\n"
+)
+PLAIN_CHECKS = (
+    "assert f(3) == [3, (3, None), {3: b'x'}, {1.5, True}, frozenset('a'), complex(3, 1), 'é']\n"
+    "assert type(f(3)[1]) is tuple and SCALE == 2 and math.isclose(math.pi, 3.14159, rel_tol=1e-3)\n"
+    "try:\n    boom('v')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\n"
+    "boom('own')\n"
+)
+
+
+def test_a_def_named_like_a_builtin_is_what_the_checks_call():
+    # MBPP 126 asks for a function called sum; only a top-level def shadows a builtin.
+    code = "def sum(a, b):\n    return a - b\n"
+    assert run_program(code, "assert sum(5, 3) == 2\nassert len([1]) == 1\n").passed
+
+
+def test_plain_values_exceptions_and_modules_cross():
+    r = run_program(PLAIN, PLAIN_CHECKS)
+    assert r.status == "failed" and r.reason == "OwnError in the checks", r  # got past every assert
+    assert run_program(PLAIN, PLAIN_CHECKS.replace("boom('own')\n", "")).passed
+
+
+def test_objects_of_the_program_stay_there_and_pass_back_by_name():
+    # MBPP 367: the setup (run after the program, in its process) builds a tree of the program's class.
+    code = (
+        "class Node:\n    def __init__(self, data):\n        self.data, self.kids = data, []\n"
+        "def depth(n):\n    return 1 + max([depth(k) for k in n.kids], default=0)\n\n"
+        "root = Node(1)\nroot.kids.append(Node(2))\n"
+    )
+    assert run_program(code, "assert depth(root) == 2\n").passed
+    r = run_program(code, "assert root.data == 1\n")
+    assert r.status == "failed" and r.reason == "AttributeError in the checks", r  # a reference, not a copy

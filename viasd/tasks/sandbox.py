@@ -1,23 +1,20 @@
 """Sandboxed execution of generated code, for pass@1 (HumanEval, MBPP); design in ``docs/sandbox.md``.
 
 This module owns running one untrusted program and its checks and deciding whether the
-checks ran to completion. A harness-owned driver runs inside a fresh ``python -I``
-process: it executes the program, then the checks, in one namespace (whose ``__name__`` is
-not ``"__main__"``, as in OpenAI's human-eval). It binds ``exec``, ``compile``, the sources
-and its pipe writer before the program runs, and the checks resolve names in a copy of
-builtins taken then, so patching builtins or modules cannot switch the checks off. Only
-after the checks returned does it read a per-run key from a pipe (so the key is not in
-memory while the program runs) and write it with the verdict to a result pipe: a sample
-passes iff the harness reads exactly that record back, and status and reason come from the
-harness and that record, never from text the program wrote. Exit statuses are never
-trusted: early exits, ``atexit``/excepthook tricks, signals and timeouts fail, each with its
-reason. What remains open to code that attacks its own process is in the design note.
+checks ran to completion. A harness-owned driver runs the program inside a fresh ``python -I``
+process (its namespace's ``__name__`` is not ``"__main__"``, as in OpenAI's human-eval); the
+checks never enter that process: they run here (:mod:`viasd.tasks.sandbox_rpc`) and call the
+program's functions over a pipe, with only plain data crossing
+(:mod:`viasd.tasks.sandbox_codec`). Status and reason come from the harness, never from text
+the program wrote; exit statuses are never trusted: early exits, signals and timeouts fail,
+each with its reason. What remains open is in the design note.
 
 Isolation (``namespace`` mode, the only one used unless explicitly waived): root with
 util-linux ``unshare``/``setpriv``/``mount`` and libseccomp. Each sample gets fresh network,
-PID, mount, IPC and UTS namespaces, a fresh empty session keyring, private size-limited
-tmpfs over ``/tmp`` (its working directory ``/tmp/work``), ``/var/tmp``, ``/run/lock``,
-``/dev/shm``, and runs as a random unprivileged uid with no capabilities, ``no_new_privs``,
+PID, mount, IPC and UTS namespaces, a fresh empty session keyring, a minimal root (a tmpfs
+with the interpreter's installation and system libraries read-only, private ``/tmp`` with
+its working directory ``/tmp/work``, ``/dev/shm``, a few device nodes; nothing else of the
+host), and runs as a random unprivileged uid with no capabilities, ``no_new_privs``,
 not dumpable, under the seccomp filter of :mod:`viasd.tasks.sandbox_kernel`; a root ``sh``
 is PID 1, so everything left dies with it. A per-sample cgroup (:mod:`viasd.tasks.cgroups`)
 bounds memory (files, memfds, shared memory included), tasks and CPU bandwidth; without
@@ -42,7 +39,6 @@ import functools
 import logging
 import math
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -56,8 +52,9 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
 from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
-from viasd.tasks.sandbox_proc import collect, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
-from viasd.tasks.sandbox_scripts import DRIVER, minimal_env, namespace_prefix
+from viasd.tasks.sandbox_proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
+from viasd.tasks.sandbox_rpc import Link, converse
+from viasd.tasks.sandbox_scripts import driver_source, minimal_env, namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +129,7 @@ def _first_usable(candidates: list[str], namespace: bool) -> str | None:
         for py in candidates:
             as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
             if namespace:
-                cmd = namespace_prefix(2, uid, 16, 1 << 20, []) + [py, "-I", "-c", _VERSION_CODE]
+                cmd = namespace_prefix(2, uid, 16, 1 << 20, [], py) + [py, "-I", "-c", _VERSION_CODE]
                 sandboxed = _probe_version(cmd, workdir)
             else:
                 sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
@@ -281,8 +278,7 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
     fds: list[int] = []
     try:
         workdir = tempfile.mkdtemp(prefix=f"viasd-sbx-{os.getpid()}-")  # the scorer's pid: whose leftovers
-        Path(workdir, "program.py").write_text(code, encoding="utf-8")
-        Path(workdir, "checks.py").write_text(checks, encoding="utf-8")
+        Path(workdir, "program.py").write_text(code, encoding="utf-8")  # the checks never become a file
         mb = 1024 * 1024
         if namespace:
             try:
@@ -296,52 +292,54 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
             bpf = filter_program().hex()
         except OSError:
             bpf = "-"  # only in unsafe mode: namespace mode requires the filter (_isolation)
-        key = secrets.token_hex(16).encode()
-        key_r, key_w = os.pipe()
+        req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
-        fds = [key_r, key_w, res_r, res_w, out_r, out_w]
-        os.write(key_w, key)
-        os.close(key_w)  # the driver reads it once; a second reader finds the pipe empty
-        fds.remove(key_w)
-        driver = [plan.python, "-I", "-B", "-c", DRIVER, str(res_w), str(key_r), *map(str, limits)]
+        fds = [req_r, req_w, res_r, res_w, out_r, out_w]
+        driver = [plan.python, "-I", "-B", "-c", driver_source(), str(res_w), str(req_r), *map(str, limits)]
         driver += ["0" if namespace else "1", bpf]
         popen_kw: dict = {}
         uid = take_uid() if plan.drop_uid else None
         if namespace:
             procs = cg.procs_files if cg else []
-            cmd = namespace_prefix(res_w, uid, max_disk_mb, max_file_mb * mb, procs) + driver
+            cmd = namespace_prefix(res_w, uid, max_disk_mb, max_file_mb * mb, procs, plan.python) + driver
             env = minimal_env("/tmp/work")
         else:
             cmd, env = driver, minimal_env(workdir)
             if uid is not None:
-                for p in (workdir, Path(workdir, "program.py"), Path(workdir, "checks.py")):
+                for p in (workdir, Path(workdir, "program.py")):
                     os.chown(p, uid, uid)
                 popen_kw = {"user": uid, "group": uid, "extra_groups": []}
         try:
             proc = spawn_in_fresh_keyring(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out_w,
-                                          stderr=out_w, pass_fds=(key_r, res_w), start_new_session=True,
+                                          stderr=out_w, pass_fds=(req_r, res_w), start_new_session=True,
                                           **popen_kw)  # fmt: skip
         except OSError as e:
             return result("error", f"could not start the sandbox: {e}")
-        for fd in (key_r, res_w, out_w):
+        for fd in (req_r, res_w, out_w):
             os.close(fd)
             fds.remove(fd)
-        detail, channel, stop = collect(proc, out_r, res_r, timeout_s, max_output_mb * mb, _DETAIL_CHARS)
+        link = Link(proc, out_r, res_r, req_w, timeout_s, max_output_mb * mb, SETUP_S, _DETAIL_CHARS)
+        status, reason, stop, trace = converse(link, checks, code)
+        if stop in ("exited", "tampered"):
+            link.drain()
         kill_group(proc, namespace)  # leftovers die with the PID namespace; in unsafe mode, here
+        link.drain(0.2)
         peak = cg.peak_bytes() if cg else None
         peak_mb = None if peak is None else peak / mb
         how = exit_words(proc.returncode, namespace)
-        oom = (
-            f"the sample exceeded its memory limit of {memory_mb} MB ({how})"
-            if cg and cg.oom_killed()
-            else ""
-        )
-        words = {
-            "timeout": f"timed out after {timeout_s:g} s",
-            "output": f"output exceeded {max_output_mb} MB",
-        }
-        status, reason = judge(channel, key, how, stop, words.get(stop, ""), oom)
+        if status is None:
+            oom = (
+                f"the sample exceeded its memory limit of {memory_mb} MB ({how})"
+                if cg and cg.oom_killed()
+                else ""
+            )
+            words = {
+                "timeout": f"timed out after {timeout_s:g} s",
+                "output": f"output exceeded {max_output_mb} MB",
+            }
+            status, reason = judge(bytes(link.channel), stop, how, words.get(stop, ""), oom)
+        detail = (link.output() + trace)[-_DETAIL_CHARS:]
         return result(status, reason, detail, None if status == "error" else peak_mb)
     except Exception as e:  # the harness must survive whatever a sample does
         if proc is not None and proc.poll() is None:

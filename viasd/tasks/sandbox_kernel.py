@@ -14,8 +14,10 @@ with any ``CLONE_NEW*`` flag; ``clone3``, whose flags a filter cannot read, answ
 other processes' memory (``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``,
 ``kcmp``), kernel programs and counters (``bpf``, ``perf_event_open``, ``userfaultfd``,
 ``io_uring_*``, ``fanotify_init``), file handles, modules, kexec, reboot, swap, clocks,
-host names, ``iopl``/``ioperm``, and making the process dumpable again
-(``prctl(PR_SET_DUMPABLE)``). System calls of another ABI (i386 or x32 on x86-64) kill the
+host names, ``iopl``/``ioperm``, making the process dumpable again
+(``prctl(PR_SET_DUMPABLE)``), and creating ``AF_UNIX`` sockets with ``socket`` (a filter
+cannot read ``connect``'s address, so no Unix socket of the host can be connected to;
+``socketpair`` stays allowed, its two ends reach nothing outside the sample). System calls of another ABI (i386 or x32 on x86-64) kill the
 process.
 """
 
@@ -61,6 +63,7 @@ DENIED = (
 # clone(2) flags that create a namespace (CLONE_NEWTIME, 0x80, exists only for clone3/unshare).
 _CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _PR_SET_DUMPABLE = 4
+_AF_UNIX = 1
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 _SCMP_ERROR = -1  # libseccomp's answer for a name it does not know on this architecture
 
@@ -86,8 +89,8 @@ def _syscall_number(name: str) -> int:
 def filter_program() -> bytes:
     """The sandbox's seccomp filter as raw BPF (``struct sock_filter`` array, 8 bytes an instruction).
 
-    Default allow; the calls in :data:`DENIED` and namespace-creating ``clone`` fail with
-    ``EPERM``, ``clone3`` with ``ENOSYS``; a foreign ABI kills the process. Raises OSError when
+    Default allow; the calls in :data:`DENIED`, namespace-creating ``clone`` and
+    ``socket(AF_UNIX, …)`` fail with ``EPERM``, ``clone3`` with ``ENOSYS``; a foreign ABI kills the process. Raises OSError when
     libseccomp is missing or refuses.
     """
     if pyseccomp is None:
@@ -105,6 +108,7 @@ def filter_program() -> bytes:
         f.add_rule(deny, "clone", sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, _PR_SET_DUMPABLE))
+    f.add_rule(deny, "socket", sc.Arg(0, sc.EQ, _AF_UNIX))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)

@@ -1,9 +1,9 @@
 """Process plumbing for the code sandbox (:mod:`viasd.tasks.sandbox`).
 
 This module owns the parts of running a sandboxed program that do not depend on how it is
-isolated: drawing its uid, reading its output and result pipes against a deadline and an
-output cap, killing everything it started, naming how it ended, turning what the result
-channel carried into a status and a reason (:func:`judge`), and deleting its directory
+isolated: drawing its uid, killing everything it started, naming how it ended, turning what
+the result channel carried into a status and a reason when the checks reached no verdict
+(:func:`judge`), and deleting its directory
 whatever the program left there.
 """
 
@@ -13,19 +13,17 @@ import logging
 import os
 import re
 import secrets
-import select
 import signal
 import stat
 import subprocess
 import threading
-import time
 from pathlib import Path
 
-from viasd.tasks.sandbox_scripts import KEY_BYTES, READY, SETUP_MARKER
+from viasd.tasks.sandbox_scripts import READY, SETUP_MARKER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UID_BASE", "collect", "exit_words", "free_uid", "judge", "kill_group", "remove_tree", "take_uid"]
+__all__ = ["SETUP_S", "UID_BASE", "exit_words", "free_uid", "judge", "kill_group", "remove_tree", "take_uid"]
 
 SETUP_S = 30.0  # the most a sample's sandbox may take to start, on top of its timeout
 UID_BASE = 1_500_000  # sandbox uids have no passwd entry: nothing on disk is owned by them
@@ -125,57 +123,6 @@ def kill_group(proc: subprocess.Popen, namespace: bool) -> None:
     proc.wait()
 
 
-def collect(
-    proc: subprocess.Popen, out_r: int, res_r: int, timeout_s: float, max_output: int, keep_chars: int = 2000
-) -> tuple[str, bytes, str]:
-    """Read the output pipe (keeping its tail) and the result pipe until both close.
-
-    Returns ``(last keep_chars of output, result bytes (at most 4 KiB), stop)`` where ``stop``
-    is ``"timeout"``, ``"output"`` (more than ``max_output`` bytes) or ``""``. The clock of
-    ``timeout_s`` starts when the result pipe says ``READY`` (the sandbox's own start-up does
-    not count against the program); before that, the sandbox has ``SETUP_S`` + ``timeout_s``.
-    """
-    deadline = time.monotonic() + SETUP_S + timeout_s
-    tail, result, total, stop, started = bytearray(), bytearray(), 0, "", False
-    open_fds = {out_r, res_r}
-    exited_at: float | None = None
-    while True:
-        now = time.monotonic()
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        if exited_at is not None and (not open_fds or now > exited_at + 1.0):
-            break  # done, or leftovers (unsafe mode) hold the pipes: they get killed
-        if now >= deadline:
-            stop = "timeout"
-            break
-        wait = min(deadline, exited_at + 1.0 if exited_at else deadline) - now
-        if not open_fds:  # output done: wait for the launcher itself
-            try:
-                proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                pass
-            continue
-        ready, _, _ = select.select(list(open_fds), [], [], min(wait, 0.05))
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if not data:
-                open_fds.discard(fd)
-            elif fd == out_r:
-                total += len(data)
-                tail += data
-                del tail[: -4 * keep_chars]
-            else:
-                result += data[: max(0, 4096 - len(result))]
-                if not started and result.startswith(READY):
-                    started, deadline = True, time.monotonic() + timeout_s
-        if total > max_output:
-            stop = "output"
-            break
-    text = tail.decode("utf-8", "replace")
-    lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("unshare: ")]
-    return "".join(lines)[-keep_chars:], bytes(result), stop
-
-
 def exit_words(rc: int, namespace: bool) -> str:
     """``"exit status N"`` or ``"killed by SIGX"`` (a namespace's sh reports signal N as 128 + N)."""
     sig = -rc if rc < 0 else (rc - 128 if namespace and 128 < rc < 128 + 65 else 0)
@@ -187,20 +134,19 @@ def exit_words(rc: int, namespace: bool) -> str:
         return f"killed by signal {sig}"
 
 
-_FAILED = re.compile(rb" failed (program|checks) ([A-Za-z0-9_.]{1,80})\n")
+_FAILED = re.compile(rb"failed program ([A-Za-z0-9_.]{1,80})\n")
 
 
-def judge(
-    channel: bytes, key: bytes, how: str, stop: str = "", stop_reason: str = "", oom: str = ""
-) -> tuple[str, str]:
-    """``(status, reason)`` of a sample from its result ``channel`` (see :mod:`~viasd.tasks.sandbox_scripts`).
+def judge(channel: bytes, stop: str, how: str, stop_reason: str = "", oom: str = "") -> tuple[str, str]:
+    """``(status, reason)`` of a sample whose checks did not run to a verdict.
 
-    ``key`` is the run's key, ``how`` the launcher's :func:`exit_words`, ``stop`` what
-    :func:`collect` returned (``"timeout"``, ``"output"`` or ``""``) with ``stop_reason`` the
-    words for it, ``oom`` a reason when the sample's cgroup saw an OOM kill. Nothing the program
-    could write is taken as text: before ``READY`` only the harness's own stages write (a
-    setup failure is status ``error``); after it only a record that starts with the key
-    counts, and its reason is composed here from a stage and a validated class name.
+    ``channel`` is what the result pipe carried before any call (see
+    :mod:`~viasd.tasks.sandbox_scripts`), ``stop`` why the harness stopped listening
+    (``"timeout"``, ``"output"``, ``"exited"``, ``"tampered"``) with ``stop_reason`` the words
+    for it, ``how`` the launcher's :func:`exit_words`, ``oom`` a reason when the sample's cgroup
+    saw an OOM kill. Before ``READY`` only the harness's own stages write (a setup failure is
+    status ``error``); after it, a reason is composed here from a validated class name, never
+    taken from the program's text.
     """
     if not channel.startswith(READY):
         if channel.startswith(SETUP_MARKER):
@@ -209,16 +155,13 @@ def judge(
         waited = "in time" if stop == "timeout" else f"({how})"
         return "error", f"the sandbox did not start {waited}"
     body = channel[len(READY) :]
-    if stop:
+    if stop in ("timeout", "output"):
         return ("timeout" if stop == "timeout" else "failed"), stop_reason
-    keyed = len(key) == KEY_BYTES and body.startswith(key)
-    if keyed and body[KEY_BYTES:] == b" passed\n":
-        return "passed", "the checks ran to completion"
-    m = _FAILED.fullmatch(body[KEY_BYTES:]) if keyed else None
+    m = _FAILED.fullmatch(body)
     if m:
-        return "failed", f"{m.group(2).decode()} in the {m.group(1).decode()}"
+        return "failed", f"{m.group(1).decode()} in the program"
     if oom:
         return "failed", oom
-    if body:
+    if stop == "tampered":
         return "failed", f"the result channel was tampered with ({how})"
     return "failed", f"exited before the checks completed ({how})"

@@ -6,39 +6,44 @@ of namespace mode, plus :func:`namespace_prefix` and :func:`minimal_env`.
 
 The result channel (one pipe to the harness) carries, in order: ``READY`` (written by the
 driver once its limits and seccomp filter are in place, before any code of the program
-runs) and then one record, ``key + b" passed\\n"`` or ``key + b" failed <stage> <Name>\\n"``.
-A setup failure (the root stage's, or the driver's before ``READY``) is ``SETUP_MARKER``
-and a line instead. The 32-byte key waits in a second pipe, which the driver reads only
-after the checks returned or raised; so the harness trusts setup text only before
-``READY`` and a verdict only with the key.
+runs), then ``serving`` (the program's top-level code returned) or ``failed program <Name>``,
+then length-framed replies to the harness's requests, which come on a second pipe. A setup
+failure (the root stage's, or the driver's before ``READY``) is ``SETUP_MARKER`` and a line.
+The checks are never sent: they run in the harness (:mod:`viasd.tasks.sandbox_rpc`).
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Sequence
 
-__all__ = ["DRIVER", "KEY_BYTES", "READY", "SETUP_MARKER", "STAGE", "minimal_env", "namespace_prefix"]
+__all__ = [
+    "DRIVER", "READY", "SETUP_MARKER", "STAGE", "SYSTEM_DIRS", "driver_source", "minimal_env", "namespace_prefix",
+    "root_binds",
+]  # fmt: skip
 
 READY = b"ready\n"
 SETUP_MARKER = b"viasd-sandbox-setup-failed: "
-KEY_BYTES = 32
 
-# The harness-owned driver, run by the sandboxed interpreter. argv: result fd, key fd, the
-# limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard,
-# the seccomp filter as hex ("-": none). Everything the verdict needs is bound before the
-# program runs, so nothing the program does to builtins, sys.modules or other modules
-# reaches it; the checks resolve names in a copy of builtins taken before the program ran.
+# The harness-owned driver, run by the sandboxed interpreter after the codec's source
+# (:mod:`viasd.tasks.sandbox_codec`, see :func:`driver_source`). argv: result fd, request fd,
+# the limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard,
+# the seccomp filter as hex ("-": none). It runs the program, then clears every trace and
+# profile hook and serves the harness's requests (look up a name of the program's namespace,
+# call one of its functions, with arguments that may name the program's own objects) until
+# told to end; the checks never exist in this process.
 DRIVER = r"""
 def _viasd_driver(argv):
-    import _signal, builtins, ctypes, gc, os, resource, sys
-    read, write, exit_ = os.read, os.write, os._exit
+    import _signal, builtins, ctypes, os, resource, sys, types
+    read, write, exit_, set_blocking = os.read, os.write, os._exit, os.set_blocking
     exec_, compile_, type_, Base = exec, compile, type, BaseException
-    name_of, encode = type.__dict__["__name__"].__get__, str.encode
-    settrace, setprofile, gc_disable = sys.settrace, sys.setprofile, gc.disable
-    block, SIG_BLOCK, all_signals = _signal.pthread_sigmask, _signal.SIG_BLOCK, _signal.valid_signals()
+    name_of, encode_str = type.__dict__["__name__"].__get__, str.encode
+    Module, enc, dec, frame_, unframe = types.ModuleType, encode, decode, frame, unframe_length
+    settrace, setprofile = sys.settrace, sys.setprofile
     set_events = getattr(getattr(sys, "monitoring", None), "set_events", None)
     stdout, stderr, print_exc = sys.stdout, sys.stderr, sys.__excepthook__  # (C: no traceback import)
-    res_fd, key_fd = int(argv[1]), int(argv[2])
+    res_fd, req_fd = int(argv[1]), int(argv[2])
 
     def setup_failed(what):
         write(res_fd, b"viasd-sandbox-setup-failed: %s (errno %d)\n" % (what, ctypes.get_errno()))
@@ -67,84 +72,173 @@ def _viasd_driver(argv):
             if event.startswith("socket.") and event != "socket.gethostname":
                 raise PermissionError("network access is disabled in the sandbox")
         sys.addaudithook(no_net)
-    src = {}
-    for stage in ("program", "checks"):  # both read now: the program may rewrite files
-        with open(stage + ".py", "rb") as f:
-            src[stage] = f.read().decode("utf-8")
+    with open("program.py", "rb") as f:
+        src = f.read().decode("utf-8")
     sys.argv = ["program.py"]
     keep = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_."
     not_name = bytes(c for c in range(256) if c not in keep)
-    checks_builtins = dict(builtins.__dict__)
-    tools = tuple(range(6))
+
+    def class_name(e):
+        try:
+            return encode_str(name_of(type_(e)), "ascii", "replace").translate(None, not_name)[:80] or b"Exception"
+        except Base:
+            return b"Exception"
+
     g = {"__name__": "__candidate__", "__builtins__": builtins}
     write(res_fd, b"ready\n")
-    stage = b"program"
     try:
-        exec_(compile_(src["program"], "program.py", "exec"), g)
-        stage = b"checks"
-        g["__builtins__"] = checks_builtins
-        exec_(compile_(src["checks"], "checks.py", "exec"), g)
-        record = b" passed\n"
+        exec_(compile_(src, "program.py", "exec"), g)
+        record = b"serving\n"
     except Base as e:
-        try:
-            name = encode(name_of(type_(e)), "ascii", "replace").translate(None, not_name)[:80]
-        except Base:
-            name = b""
-        record = b" failed " + stage + b" " + (name or b"Exception") + b"\n"
+        record = b"failed program " + class_name(e) + b"\n"
         try:
             sys.stderr = stderr
             print_exc(type_(e), e, e.__traceback__)
         except Base:
             pass
-    try:
+
+    def quiet():
+        settrace(None)
+        setprofile(None)
+        th = sys.modules.get("threading")
+        for hook in ("settrace", "setprofile", "settrace_all_threads", "setprofile_all_threads"):
+            try:
+                getattr(th, hook)(None)
+            except Base:
+                pass
+        if set_events is not None:
+            for tool in range(6):
+                try:
+                    set_events(tool, 0)
+                except Base:
+                    pass
         try:
             stdout.flush()
             stderr.flush()
         except Base:
             pass
-        # No more of the program's code in this thread; only now does the key leave its pipe.
-        block(SIG_BLOCK, all_signals)
-        settrace(None)
-        setprofile(None)
-        gc_disable()
-        if set_events is not None:
-            for tool in tools:
-                try:
-                    set_events(tool, 0)
-                except Base:
-                    pass
-        write(res_fd, read(key_fd, 32) + record)
+
+    def read_exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = read(req_fd, n - len(buf))
+            if not chunk:
+                exit_(0)
+            buf += chunk
+        return buf
+
+    try:
+        quiet()
+        set_blocking(req_fd, True)  # the program may have made it non-blocking
+        write(res_fd, record)
+        while record == b"serving\n":
+            req = dec(read_exact(unframe(read_exact(8))))
+            if req[0] == "end":
+                break
+            obj = g.get(req[1], g)
+            try:
+                if req[0] == "look":
+                    if obj is g:
+                        reply = ("missing",)
+                    elif isinstance(obj, Module):
+                        reply = ("module", obj.__name__)
+                    elif callable(obj):
+                        reply = ("call",)
+                    else:
+                        try:
+                            enc(obj)
+                            reply = ("value", obj)
+                        except Base:
+                            reply = ("ref",)  # stays here; the checks may pass it back by name
+                else:
+                    args = list(req[2])
+                    for i, ref in req[4].items():
+                        args[i] = g[ref]
+                    reply = ("ok", obj(*args, **req[3]))
+            except Base as e:
+                reply = ("raise", class_name(e).decode())
+            quiet()
+            try:
+                data = enc(reply)
+            except Base as e:
+                data = enc(("bad", "the program's %s returned a value that %s" % (req[1], e)))
+            write(res_fd, frame_(data))
     finally:
         exit_(0)
 _viasd_driver(__import__("sys").argv)
 """
 
+
+def driver_source() -> str:
+    """The driver's full source: the codec's functions, then :data:`DRIVER`."""
+    from viasd.tasks import sandbox_codec
+
+    codec = inspect.getsource(sandbox_codec)
+    return codec + "\n" + DRIVER
+
+
 # Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
-# cgroup, lower the IPC limits, mount private tmpfs over the world-writable directories,
-# copy the program into /tmp/work, then run the driver as the fresh uid without
-# capabilities. sh stays PID 1 (a program that kills itself must not be PID 1); when it
-# exits, the kernel kills whatever is left. $1 result fd (setup failures go there), $2 uid,
-# $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files (space separated, may be empty);
-# the rest is the command.
+# cgroup, lower the IPC limits, build the sample's minimal root and pivot_root into it, then
+# run the driver as the fresh uid without capabilities. The minimal root is a tmpfs holding
+# read-only bind mounts of the interpreter's installation and the system directories it
+# needs ($6), the symlinks among them (merged /usr), a fresh /proc of the PID namespace, a
+# few device nodes, private size-limited tmpfs /tmp (the working directory /tmp/work, with
+# the program copied in) and /dev/shm; nothing else of the host (repository, data, home
+# directories, /run and its sockets) exists there. sh stays PID 1 (a program that kills
+# itself must not be PID 1); when it exits, the kernel kills whatever is left. $1 result fd
+# (setup failures go there), $2 uid, $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files
+# (space separated, may be empty), $6 the paths to bind (space separated); the rest is the
+# command.
 STAGE = r"""
-res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; shift 5
+res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; binds=$6; shift 6
 fail() { echo "viasd-sandbox-setup-failed: $*" > "/proc/self/fd/$res"; exit 125; }  # dash: fds > 9
 for f in $cgs; do echo 0 > "$f" || fail "join cgroup $f"; done
 echo "$ipc" > /proc/sys/kernel/shmmax && echo $((ipc / 4096)) > /proc/sys/kernel/shmall &&
   echo 4 > /proc/sys/kernel/shmmni && echo 4 > /proc/sys/kernel/msgmni &&
   echo 4 > /proc/sys/fs/mqueue/queues_max || fail "IPC limits"
-mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs /tmp || fail "mount /tmp"
-for d in /var/tmp /run/lock /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$d" || fail "mount $d"; fi
+R=/tmp  # the new root: a tmpfs over /tmp of this mount namespace (the working directory stays reachable)
+mount -t tmpfs -o "size=1m,mode=755,nosuid,nodev" tmpfs "$R" || fail "mount the minimal root"
+dirs="$R/proc $R/dev/shm $R/tmp $R/.old"; links=""
+for p in $binds; do
+  if [ -L "$p" ]; then links="$links $p"; elif [ -d "$p" ]; then dirs="$dirs $R$p"; fi
 done
-mkdir -m 700 /tmp/work && cp program.py checks.py /tmp/work/ && chown -R "$uid:$uid" /tmp/work ||
+mkdir -p $dirs && touch "$R/dev/null" "$R/dev/zero" "$R/dev/full" "$R/dev/random" "$R/dev/urandom" ||
+  fail "prepare the minimal root"
+for p in $links; do ln -s "$(readlink "$p")" "$R$p" || fail "link $p"; done
+for p in $binds; do
+  if [ ! -L "$p" ] && [ -d "$p" ]; then mount -o bind,ro,nosuid,nodev "$p" "$R$p" || fail "bind $p"; fi
+done
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc" || fail "mount /proc"
+for n in null zero full random urandom; do mount -o bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"; done
+ln -s /proc/self/fd "$R/dev/fd" || fail "link /dev/fd"
+mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$R/dev/shm" || fail "mount /dev/shm"
+mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$R/tmp" || fail "mount /tmp"
+mkdir -m 700 "$R/tmp/work" && cp program.py "$R/tmp/work/" && chown -R "$uid:$uid" "$R/tmp/work" ||
   fail "prepare /tmp/work"
+cd "$R" && PATH="/usr/sbin:/sbin:$PATH" pivot_root . .old && umount -l /.old && rmdir /.old || fail "pivot_root"
+mount -o remount,bind,ro,nosuid,nodev / || fail "remount / read-only"
 cd /tmp/work || fail "cd /tmp/work"
 unset OLDPWD
 setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
   --inh-caps=-all --bounding-set=-all "$@"
 exit $?
 """
+
+# The host directories a minimal root needs besides the interpreter's installation (those
+# that exist; symlinks, as in merged /usr, are recreated as symlinks).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def root_binds(python: str) -> list[str]:
+    """The host paths a sample's minimal root shows, read-only: the system directories and
+    the installation of ``python`` (the directory above its real ``bin/``), when elsewhere."""
+    real = os.path.realpath(python)
+    install = os.path.dirname(os.path.dirname(real))
+    paths = [p for p in SYSTEM_DIRS if os.path.lexists(p)]
+    inside = any(install == p or install.startswith(p + "/") for p in paths)
+    if not inside and install not in ("/", "") and " " not in install:
+        paths.append(install)
+    return paths
 
 
 def minimal_env(home: str) -> dict[str, str]:
@@ -164,11 +258,15 @@ def minimal_env(home: str) -> dict[str, str]:
 
 
 def namespace_prefix(
-    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str]
+    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str], python: str
 ) -> list[str]:
-    """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode."""
+    """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode.
+
+    ``python`` is the interpreter the driver runs with (its installation is bound into the
+    sample's minimal root).
+    """
     return [
         "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
         "sh", "-c", STAGE, "viasd-sandbox", str(res_fd), str(uid), f"{tmpfs_mb}m", str(ipc_bytes),
-        " ".join(cgroup_procs),
+        " ".join(cgroup_procs), " ".join(root_binds(python)),
     ]  # fmt: skip

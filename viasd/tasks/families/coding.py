@@ -97,7 +97,8 @@ class HumanEvalTask(_CodeTask):
 class MbppTask(_CodeTask):
     """MBPP (full), test split task_id 11-510 by default; pass@1 on the three asserts.
 
-    The program is the completion; the checks, run after it, ``test_setup_code`` and ``test_list``.
+    The program is the completion, then ``test_setup_code`` (fixtures built from the program's
+    classes run in its process); the checks are ``test_list``.
     """
 
     options = _CodeTask.options + ("task_id_range",)
@@ -123,8 +124,21 @@ class MbppTask(_CodeTask):
                 "plain_prompt": self.format("plain_template", fields),
                 "task_id": int(row["task_id"]),
                 "canonical_solution": row["code"],
+                "setup": setup,
+                "tests": "\n".join(tests),
             },
         )
+
+    def metric_predictions(self, predictions: Sequence[str], examples: Sequence[Example]) -> list[str]:
+        # The setup code builds fixtures from the program's own classes (MBPP 367's trees): it runs
+        # after the program, in the program's process; the asserts run apart (docs/sandbox.md).
+        return [
+            f"{p}\n\n{e.meta['setup']}" if e.meta["setup"] else p
+            for p, e in zip(predictions, examples, strict=True)
+        ]
+
+    def metric_references(self, examples: Sequence[Example]) -> list[str]:
+        return [str(e.meta["tests"]) for e in examples]
 
     def plain_prompt(self, example: Example) -> str:
         return str(example.meta["plain_prompt"])

@@ -1,9 +1,9 @@
 """pass@1 of generated code, executed in the project sandbox, as an offline ``evaluate`` metric.
 
 Loaded by path (``viasd.tasks.metrics.load_metric("code_pass_at_1")``). Each prediction is
-the program under test (for HumanEval: prompt + completion; for MBPP: the completion) and
-each reference is the checks run after it in the same namespace (for HumanEval:
-``test + "\\ncheck(entry_point)"``; for MBPP: setup code + asserts). Both run in
+the program under test (for HumanEval: prompt + completion; for MBPP: the completion, then
+the setup code) and each reference is the checks, run in the harness after it, against its
+names (for HumanEval: ``test + "\\ncheck(entry_point)"``; for MBPP: the asserts). Both run in
 :func:`viasd.tasks.sandbox.run_program`; a sample passes iff the checks ran to completion
 (an early exit, ``SystemExit`` or a signal is a failure, whatever the exit status). One
 sample per problem, so pass@1 is the fraction passing, on a 0-100 scale.
@@ -20,7 +20,7 @@ _DESCRIPTION = "pass@1 (0-100): the program's checks ran to completion in the sa
 _KWARGS = """
 Args:
     predictions: list of programs (code to test).
-    references: list of checks, run after the program in its namespace.
+    references: list of checks, run (in the harness) after the program, against its names.
     timeout_s: wall-clock limit per program (default 10).
     memory_mb: memory limit per sample (default 1024).
     workers: programs run in parallel (default: CPU count, at most 8).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -67,10 +68,41 @@ def _paper_cell(pair="llama2-7b-70b"):
 
 def test_memory_that_cannot_fit_is_one_line(monkeypatch):
     monkeypatch.setenv("VIASD_DRYRUN_GPUS", "80")
-    with pytest.raises(ConfigError, match=r"needs ~169 GiB .* fits only 1 GPU\(s\), 80 GiB"):
-        dr.plan_cell(_paper_cell())
+    plan = dr.plan_cell(_paper_cell())  # marked, not raised: the rest of the grid is still planned
+    assert plan.misfit and "\n" not in plan.misfit
+    assert re.search(r"needs ~169 GiB .* fits only 1 GPU\(s\), 80 GiB", plan.misfit)
     monkeypatch.setenv("VIASD_DRYRUN_GPUS", "80,80,80")
-    assert dr.plan_cell(_paper_cell()).need_gib < 240
+    plan = dr.plan_cell(_paper_cell())
+    assert plan.need_gib < 240 and plan.misfit is None
+
+
+def test_dry_run_plans_every_cell_and_summarises_per_pair(monkeypatch, capsys):
+    """A cell that does not fit is marked with its memory; the others are planned; strict fails after."""
+    monkeypatch.setenv("VIASD_DRYRUN_GPUS", "30")
+    cells = [_paper_cell("llama2-7b-70b"), _paper_cell("gemma2-2b-9b"), _paper_cell("llama2-7b-70b")]
+    plans = dr.dry_run(cells, "three")
+    out = capsys.readouterr().out
+    assert [p.misfit is None for p in plans] == [False, True, False]
+    assert "(1/3) run llama2-7b-70b/" in out and "[DOES NOT FIT: needs ~169.2 GiB]" in out
+    assert "(3/3) run llama2-7b-70b/" in out and "(2/3) run gemma2-2b-9b/" in out
+    assert "[viasd] pair llama2-7b-70b: DOES NOT FIT (2/2 cells); largest cell ~169.2 GiB" in out
+    assert "[viasd] pair gemma2-2b-9b: fits (1 cells); largest cell ~26.5 GiB" in out
+    assert "1 fit, 2 do not fit the visible GPUs" in out
+    assert "llama2-7b-70b: DOES NOT FIT (2/2 cells); largest cell ~169.2 GiB; SLURM on 30 GiB GPUs: " \
+           "hydra.launcher.gpus_per_node=6 hydra.launcher.mem_gb=170" in out
+    with pytest.raises(ConfigError, match=r"^2/3 cells do not fit the visible GPUs \(dry_run_strict=true\); "
+                                          r"first: llama2-7b-70b/.*needs ~169 GiB"):
+        dr.dry_run(cells, "three", strict=True)
+
+
+def test_job_resources_follow_the_pair_size():
+    """SLURM jobs sized per pair: the 70B pair needs three 80 GiB GPUs (two 141 GB ones), gemma2 one."""
+    assert dr.job_resources(169.2) == {"gpus_per_node": 3, "mem_gb": 170}
+    assert dr.job_resources(169.2, 140) == {"gpus_per_node": 2, "mem_gb": 170}
+    assert dr.job_resources(26.5) == {"gpus_per_node": 1, "mem_gb": 27}
+    assert dr.job_resources(5.0) == {"gpus_per_node": 1, "mem_gb": 16}
+    with pytest.raises(ConfigError, match="VIASD_DRYRUN_GPUS"):
+        dr.job_resources(5.0, 0)
 
 
 def test_gated_model_without_token_when_hub_is_reachable(monkeypatch):
@@ -94,14 +126,20 @@ def test_unknown_model_and_short_calibration_are_one_line():
 
 
 def test_cli_dry_run_exit_codes(tmp_path):
+    """On 24 GiB every cell is planned and the run exits 0; dry_run_strict=true makes a misfit exit 2."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VIASD_RUNS_DIR": str(tmp_path), "VIASD_DRYRUN_GPUS": "24"}
     cmd = [sys.executable, "-m", "experiments.run", "+exp=fig_tiers", "scale=paper", "dry_run=true",
            f"hydra.run.dir={tmp_path}/h"]
     p = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout
+    assert "(10/10) " in p.stdout and "[viasd] pair gemma2-2b-9b: DOES NOT FIT" in p.stdout
+    p = subprocess.run(cmd + ["dry_run_strict=true"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 2, p.stderr[-2000:]
     err = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("error: cell 1/10 (gemma2-2b-9b/via_sd/xsum): pair 'gemma2-2b-9b' needs ~")
-    assert "dry run of fig_tiers: 10 runs; visible GPUs: 24 GiB" in p.stdout
+    assert len(err) == 1 and err[0].startswith("error: ") and "cells do not fit the visible GPUs" in err[0]
+    assert "(10/10) " in p.stdout  # the whole plan is printed before the strict verdict
 
 
 def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch, capsys):

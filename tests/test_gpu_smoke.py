@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from experiments.gpu_smoke import _compare, main, smoke
+from viasd.analysis.cost import CostModel
 from viasd.harness.dryrun import KNOWN_PARAMS
 from viasd.harness.shape_costs import KEEPS, KS, SCHEMA
 from viasd.models.pairs import load_pair
@@ -51,3 +52,6 @@ def test_paper_shapes_self_test_on_cpu(tmp_path, capsys):
     assert all(c > 0 for p in doc["pairs"].values() for c in p["c"].values())
     assert "skipped" in doc and (tmp_path / "cost.md").read_text().startswith("Paper-shape forward costs")
     assert "cost file written to" in capsys.readouterr().out
+    cost = CostModel.load(out, "qwen2.5-0.5b-7b")  # the replay's loader reads it (experiments.replay cost=FILE)
+    assert cost.meta["source"] == SCHEMA and set(cost.models) >= {"draft", "target"}
+    assert cost.price("target", 5, 64) > 0 and cost.price("target", 5, 64, layers=1) > 0

@@ -120,8 +120,10 @@ def _compare(pair, prompts, outs, ref, exact: bool) -> tuple[bool, str]:
 
 
 def _sync(device: str) -> None:
+    """Wait for every visible GPU (a pair split over devices queues work on each)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
 
 
 def smoke(device: str, dtype: str, n_prompts: int, max_new_tokens: int) -> list[SmokeRow]:

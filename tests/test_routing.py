@@ -83,3 +83,14 @@ def test_routed_paths_of_a_model_split_by_an_explicit_device_map(family):
     split = dispatch_model(m, device_map=dmap)
     assert torch.equal(feed(Stream(split, ids, "s", RoutingPlan.build(range(n), n)), seq, [3, 1, 5]), ref)
     assert torch.equal(feed(Stream(split, ids, "s", RoutingPlan.build([0, 2], n)), seq, [3, 1, 5]), slim_ref)
+
+
+def test_a_stream_synchronizes_every_cuda_device_of_its_model():
+    """cuda_devices lists the GPUs a (split) model's parameters sit on; a CPU model has none to sync."""
+    from viasd.engine.stream import cuda_devices
+
+    m = tiny_pair("llama").target
+    assert cuda_devices(m) == [] and Stream(m, torch.tensor([[1, 2]]), "t")._sync == []
+    if torch.cuda.device_count() >= 1:  # a GPU host: the layers moved there are listed once
+        m.model.layers[0].to("cuda:0")
+        assert cuda_devices(m) == [torch.device("cuda:0")]

@@ -84,24 +84,46 @@ def _near_tie(pair, ids: torch.Tensor, common: list[int], a: int, b: int) -> flo
     return abs(la - lb) / max(1.0, abs(la), abs(lb))
 
 
+def match_rate(outs: list[list[int]], ref: list[list[int]]) -> tuple[int, int]:
+    """(tokens equal at the same position, tokens of ``ref``) over every prompt: how far a method's
+    outputs agree with ``ar``'s, past any divergence."""
+    same = sum(x == y for o, r in zip(outs, ref) for x, y in zip(o, r))
+    return same, sum(len(r) for r in ref)
+
+
 def _compare(pair, prompts, outs, ref, exact: bool) -> tuple[bool, str]:
-    """(ok, detail): token equality with ``ar``; below fp32, a first divergence at a near-tie is allowed."""
-    bad, ties, worst = [], [], 0.0
+    """(ok, detail): token equality with ``ar``; below fp32, a first divergence at a near-tie is allowed.
+
+    The detail gives the token match rate (:func:`match_rate`) and, for a prompt that fails, its first
+    divergence (position, ar's token vs the method's) with the relative logit margin there, so a
+    bf16 near-tie is told apart from a real difference; fp32 (``exact``) still fails on any divergence."""
+    bad, ties, worst, first = [], [], 0.0, ""
     for i, (ids, o, r) in enumerate(zip(prompts, outs, ref)):
         if o == r:
             continue
         j = next((k for k, (x, y) in enumerate(zip(o, r)) if x != y), min(len(o), len(r)))
-        gap = None if exact or j >= min(len(o), len(r)) else _near_tie(pair, ids, r[:j], r[j], o[j])
-        (ties if gap is not None and gap <= NEAR_TIE else bad).append(i)
-        worst = max(worst, gap or 0.0) if gap is not None and gap <= NEAR_TIE else worst
+        gap = None if j >= min(len(o), len(r)) else _near_tie(pair, ids, r[:j], r[j], o[j])
+        if not exact and gap is not None and gap <= NEAR_TIE:
+            ties.append(i)
+            worst = max(worst, gap)
+            continue
+        bad.append(i)
+        if not first:
+            at = f"ar {r[j]} vs {o[j]}" if j < min(len(o), len(r)) else f"lengths {len(r)} vs {len(o)}"
+            margin = "" if gap is None else f", relative logit margin {gap:.4f}"
+            first = f"; first divergence: prompt {i} at token {j} ({at}{margin})"
+    same, total = match_rate(outs, ref)
+    rate = f"token match {same}/{total} ({100 * same / max(1, total):.1f}%)"
     if bad:
-        return False, f"differs from ar on prompts {bad}"
-    return True, "== ar" + (f" (prompts {ties} diverge at a near-tie, gap <= {worst:.4f})" if ties else "")
+        return False, f"differs from ar on prompts {bad}: {rate}{first}"
+    return True, "== ar" + (f" (prompts {ties} diverge at a near-tie, gap <= {worst:.4f}; {rate})" if ties else "")
 
 
 def _sync(device: str) -> None:
+    """Wait for every visible GPU (a pair split over devices queues work on each)."""
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
 
 
 def smoke(device: str, dtype: str, n_prompts: int, max_new_tokens: int) -> list[SmokeRow]:

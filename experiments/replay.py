@@ -1,5 +1,5 @@
 """``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
-[examples=N] [cost=auto|none|PATH] [oracle=true] [held_out=GATE] [runs_dir=…]``
+[examples=N] [cost=auto|none|PATH [cost_pair=NAME]] [oracle=true] [held_out=GATE] [runs_dir=…]``
 
 Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
 each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
@@ -51,7 +51,8 @@ from viasd.report.replayed import write_frontier
 from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
-CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "runs_dir", "oracle", "held_out")
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "cost_pair", "runs_dir", "oracle",
+           "held_out")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             policies = policies_for(groups)
         if ctl.get("oracle", "false").lower() in ("true", "1", "yes"):
             policies += oracle_policies(policies)
-        cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()))
+        cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()),
+                     ctl.get("cost_pair"))
         n = int(ctl["examples"]) if "examples" in ctl else None
         idx = list(range(min(n, traces.n_examples))) if n else None
         if "held_out" in ctl:  # only the problems a learned gate was not trained on
@@ -185,12 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         t0, results = time.perf_counter(), []
         for p in tqdm(policies, desc=f"replay {ctl['run']}", unit="policy", disable=len(policies) < 2):
             results.append(replay(traces, p, cost, idx, ar_s))
+        for r in results:  # which measurements priced each predicted speedup
+            r["cost_file"] = str(cost.path) if cost and cost.path else None
         dt = time.perf_counter() - t0
     print(table(results))
     print(f"\n{len(results)} policies over {results[0]['n_examples']} examples of {ctl['run']} in {dt:.1f} s"
           + ("" if cost else "; no cost file for this pair (predicted speedup –): "
              "`python -m experiments.bench --cost-curve pair=<pair>` measures one")
-          + (f"; cost model {cost.path.name}" if cost and cost.path else ""))
+          + (f"; predicted speedups priced by the cost file {cost.path}" if cost and cost.path else ""))
     if own:
         diff = {k: (summary.get(k), results[0].get(k)) for k in CHECKED
                 if k in summary and summary.get(k) != results[0].get(k, 0)}
@@ -206,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, Any]) -> CostModel | None:
+def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, Any],
+          pair: str | None = None) -> CostModel | None:
+    """The cost model of ``cost=``: none, a file (a ``viasd.cost/v1`` file is read for ``pair``, default the
+    run's pair), or the store's file for the run's pair and machine (auto)."""
     if spec == "none":
         return None
     if spec != "auto":
-        return CostModel.load(spec)
+        return CostModel.load(spec, pair or summary.get("pair"))
     return find_cost(store_roots(store), summary.get("pair", ""), meta.get("runtime"), meta.get("threads"),
                      meta.get("cpu"))
 

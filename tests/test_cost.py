@@ -16,6 +16,7 @@ from experiments import cost as cost_cmd
 from experiments import replay as replay_cmd
 from experiments import trace as trace_cmd
 from viasd.analysis.cost import COST, CostModel, cost_name, find_cost, predict_example
+from viasd.errors import ConfigError
 from viasd.harness.runner import run
 from viasd.models.pairs import load_pair
 from viasd.paths import PROJECT_ROOT
@@ -35,6 +36,39 @@ def synthetic(pair: str = "tiny-llama") -> dict:
             "models": {"target": {"n_layers": 4, "native": linear(1e-3, 1e-4, 1e-6), "head_row": 2e-5,
                                   "routed_base": linear(2e-4, 0.0, 0.0), "routed_layer": linear(2e-4, 2.5e-5, 2.5e-7)},
                        "draft": {"n_layers": 1, "native": linear(3e-4, 2e-5, 1e-7), "head_row": 1e-5}}}
+
+
+def shape_doc() -> dict:
+    """A small ``viasd.cost/v1`` document (experiments.gpu_smoke --paper-shapes): t = 1 + 0.1·k + 0.001·ctx ms
+    per layer-unit; the target has 4 layers, its slim verifier at keep 0.5 runs 2 of them."""
+    ctxs, ks = [32, 128], [1, 2, 3]
+
+    def t(scale):
+        return {str(c): {str(k): scale * (1 + 0.1 * k + 0.001 * c) for k in ks} for c in ctxs}
+
+    return {"schema": "viasd.cost/v1", "device": "NVIDIA H200", "dtype": "bfloat16", "contexts": ctxs, "ks": ks,
+            "shapes": {"paper": True}, "keeps": [0.5],
+            "models": {"org/target": {"layers": 4, "t_ms": t(4.0), "slim_layers": {"0.5": 2}, "slim_t_ms": {"0.5": t(2.5)}},
+                       "org/draft": {"layers": 2, "t_ms": t(1.0), "slim_layers": {}, "slim_t_ms": {}}},
+            "pairs": {"p": {"draft": "org/draft", "target": "org/target", "c": {}}}, "skipped": {}}
+
+
+def test_one_loader_reads_the_paper_shape_cost_file(tmp_path):
+    """A viasd.cost/v1 file loads into the same CostModel for a named pair; a wrong pair is one line."""
+    path = tmp_path / "paper_shapes_cuda.json"
+    path.write_text(json.dumps(shape_doc()))
+    cost = CostModel.load(path, "p")
+    assert cost.meta["source"] == "viasd.cost/v1" and cost.meta["device"] == "NVIDIA H200"
+    assert cost.price("target", 2, 32) == pytest.approx(4.0 * (1 + 0.2 + 0.032) / 1000)
+    assert cost.price("draft", 1, 128) == pytest.approx(1.0 * (1 + 0.1 + 0.128) / 1000)
+    # routed: the line through the full forward (4 layers) and the slim one (2 layers)
+    assert cost.price("target", 3, 32, layers=2) == pytest.approx(2.5 * (1 + 0.3 + 0.032) / 1000)
+    assert cost.price("target", 3, 32, layers=4) == pytest.approx(cost.price("target", 3, 32))
+    assert cost.entry("target").n_layers == 4 and cost.entry("draft").routed_base is None
+    with pytest.raises(ConfigError, match=r"has no pair 'q' \(it has \['p'\]\); name one with cost_pair=NAME"):
+        CostModel.load(path, "q")
+    with pytest.raises(ConfigError, match="name the pair"):
+        CostModel.load(path)
 
 
 def test_prices_interpolate_extrapolate_and_count_layers_and_rows():
@@ -156,6 +190,14 @@ def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(run
     got = {r["method"]: r for r in json.loads(out.read_text())}
     assert got["ar"]["predicted_speedup"] == pytest.approx(1.0) and got["sd"]["predicted_speedup"] > 0
     assert got["sd"]["target_calls"] == sd["target_calls"]  # sd is lossless: its trajectory is ar's
+    assert got["sd"]["cost_file"] == str(path)
+    gpu = tmp_path / "paper_shapes_cuda.json"  # costs measured on another machine price the same trace
+    gpu.write_text(json.dumps(shape_doc()))
+    capsys.readouterr()
+    assert replay_cmd.main([f"run={ar['run_id']}", "method=ar,sd", f"out={out}", f"cost={gpu}", "cost_pair=p"]) == 0
+    assert f"predicted speedups priced by the cost file {gpu}" in capsys.readouterr().out
+    got = {r["method"]: r for r in json.loads(out.read_text())}
+    assert got["ar"]["predicted_speedup"] == pytest.approx(1.0) and got["sd"]["cost_file"] == str(gpu)
     capsys.readouterr()
     assert cost_cmd.main(["--runs-dir", str(runs_dir)]) == 0
     printed = capsys.readouterr().out

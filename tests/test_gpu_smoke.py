@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 
-from experiments.gpu_smoke import _compare, main, smoke
+from experiments.gpu_smoke import NEAR_TIE, _compare, _near_tie, main, match_rate, smoke
+from viasd.analysis.cost import CostModel
 from viasd.harness.dryrun import KNOWN_PARAMS
 from viasd.harness.shape_costs import KEEPS, KS, SCHEMA
 from viasd.models.pairs import load_pair
@@ -24,6 +26,14 @@ def test_gpu_smoke_reports_a_real_difference():
     ids = pair.encode("The cat sat on the mat.")
     ok, detail = _compare(pair, [ids], [[1, 2, 3]], [[1, 2, 4]], exact=True)
     assert not ok and "prompts [0]" in detail
+    # the failure says how much agrees and where it first diverges, with the logit margin there
+    assert "token match 2/3 (66.7%)" in detail
+    assert re.search(r"first divergence: prompt 0 at token 2 \(ar 4 vs 3, relative logit margin \d\.\d{4}\)", detail)
+    assert match_rate([[1, 2, 3], [5]], [[1, 9, 3], [5, 6]]) == (3, 5)
+    # below fp32 a divergence within the near-tie margin passes, and says so with the match rate
+    gap = _near_tie(pair, ids, [1, 2], 4, 3)
+    ok, detail = _compare(pair, [ids], [[1, 2, 3]], [[1, 2, 4]], exact=False)
+    assert ok == (gap <= NEAR_TIE) and ("near-tie" in detail if ok else "relative logit margin" in detail)
 
 
 def test_paper_shapes_reproduce_the_published_parameter_counts():
@@ -51,3 +61,6 @@ def test_paper_shapes_self_test_on_cpu(tmp_path, capsys):
     assert all(c > 0 for p in doc["pairs"].values() for c in p["c"].values())
     assert "skipped" in doc and (tmp_path / "cost.md").read_text().startswith("Paper-shape forward costs")
     assert "cost file written to" in capsys.readouterr().out
+    cost = CostModel.load(out, "qwen2.5-0.5b-7b")  # the replay's loader reads it (experiments.replay cost=FILE)
+    assert cost.meta["source"] == SCHEMA and set(cost.models) >= {"draft", "target"}
+    assert cost.price("target", 5, 64) > 0 and cost.price("target", 5, 64, layers=1) > 0

@@ -53,3 +53,44 @@ def test_bad_plans_are_clear_errors():
         RoutingPlan.build([1, 2], 4)
     with pytest.raises(ConfigError, match="keeps no layer"):
         RoutingPlan.build([], 4)
+
+
+def test_unit_device_is_each_layers_parameter_device():
+    """The resolver the routed path moves inputs with: each sub-layer's own parameters' device."""
+    from viasd.engine.paths import module_device, unit_device
+
+    m = tiny_pair("llama").target
+    for i, layer in enumerate(decoder_layers(m)):
+        assert unit_device(m, (i, "attn")) == layer.self_attn.q_proj.weight.device
+        assert unit_device(m, (i, "mlp")) == layer.mlp.up_proj.weight.device
+    assert module_device(torch.nn.ReLU()) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_routed_paths_of_a_model_split_by_an_explicit_device_map(family):
+    """A model dispatched by accelerate with an explicit per-layer device_map (here over 'cpu' only):
+    full and sub-layer routed streams equal the unsplit model, the cache written per layer."""
+    from accelerate import dispatch_model
+
+    pair = tiny_pair(family)
+    m, n = pair.target, num_layers(pair.target)
+    ids = pair.encode(PROMPTS[16])
+    seq = torch.cat([start_sequence(m, ids), torch.randint(5, 200, (1, 9))], 1)
+    ref = feed(Stream(m, ids, "t"), seq, [3, 1, 5])
+    slim_ref = feed(Stream(m, ids, "s", RoutingPlan.build([0, 2], n)), seq, [3, 1, 5])
+    dmap = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu",
+            **{f"model.layers.{i}": "cpu" for i in range(n)}}
+    split = dispatch_model(m, device_map=dmap)
+    assert torch.equal(feed(Stream(split, ids, "s", RoutingPlan.build(range(n), n)), seq, [3, 1, 5]), ref)
+    assert torch.equal(feed(Stream(split, ids, "s", RoutingPlan.build([0, 2], n)), seq, [3, 1, 5]), slim_ref)
+
+
+def test_a_stream_synchronizes_every_cuda_device_of_its_model():
+    """cuda_devices lists the GPUs a (split) model's parameters sit on; a CPU model has none to sync."""
+    from viasd.engine.stream import cuda_devices
+
+    m = tiny_pair("llama").target
+    assert cuda_devices(m) == [] and Stream(m, torch.tensor([[1, 2]]), "t")._sync == []
+    if torch.cuda.device_count() >= 1:  # a GPU host: the layers moved there are listed once
+        m.model.layers[0].to("cuda:0")
+        assert cuda_devices(m) == [torch.device("cuda:0")]

@@ -49,7 +49,8 @@ class PairConfig:
     dtype: str = "float32"  # or "auto": fp32/bf16 chosen by a probe on this machine (models.backend)
     device: str = "cpu"
     backend: str = "auto"  # auto | eager | packed (oneDNN prepacked linears; auto = packed on CPU)
-    device_map: str | None = None
+    device_map: str | None = None  # auto: one GPU when a model fits one, else a balanced split (models.placement)
+    allow_offload: bool = False  # device_map=auto may put modules on cpu/disk (refused otherwise)
     trust_remote_code: bool = False
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,11 @@ A cost file (``<store>/_cost/<pair>__<host>-<cpu tag>__<backend>-<dtype>-t<threa
   passes over all and over half of the layers;
 * ``head_row``: seconds per extra logits row (``last − 1``: verification rows, audit rows).
 
+The paper-shape cost file of ``python -m experiments.gpu_smoke --paper-shapes`` (``viasd.cost/v1``,
+``docs/cost_file.md``; measured per model, on a GPU or the CPU) is read by the same loader:
+:meth:`CostModel.load` with the pair's name converts it (:func:`from_shape_costs`) to the grid form
+above, so one loader prices a trace with costs measured on another machine.
+
 ``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts) and,
 for prefills beyond it, along a prefill line measured at an empty context plus the decode grid's
 context slope scaled by ``n``. :func:`predict_example` prices a finished example from its
@@ -88,8 +93,51 @@ class ModelCost:
         return t + max(0, last - 1) * self.head_row
 
 
+SHAPE_SCHEMA = "viasd.cost/v1"  # the paper-shape file of experiments.gpu_smoke (viasd.harness.shape_costs)
+
+
+def from_shape_costs(doc: dict[str, Any], pair: str) -> dict[str, Any]:
+    """The grid form (this module's docstring) of ``pair``'s models in a ``viasd.cost/v1`` document.
+
+    ``native.decode[k][ctx]`` is the measured ``t_ms[ctx][k]`` in seconds (``k`` = 1…8 tokens fed,
+    the file's contexts); ``routed_base`` + ``layers · routed_layer`` is the line through the full
+    forward (all layers) and the smallest slim verifier measured (``slim_layers[keep]`` layers);
+    there is no prefill line (larger ``n`` extrapolates along the grid) and no extra-row cost
+    (``head_row`` 0). Raises ConfigError naming the pairs the file has when ``pair`` is not one.
+    """
+    roles = (doc.get("pairs") or {}).get(pair)
+    if roles is None:
+        raise ConfigError(f"the {SHAPE_SCHEMA} cost file has no pair {pair!r} (it has {sorted(doc.get('pairs') or {})});"
+                          " name one with cost_pair=NAME")
+    ks, ctxs = [int(k) for k in doc["ks"]], [int(c) for c in doc["contexts"]]
+
+    def curve(t_ms: dict[str, dict[str, float]]) -> dict[str, Any]:  # t_ms[ctx][k] ms -> decode[k][ctx] s
+        return {"decode": [[t_ms[str(c)][str(k)] / 1000 for c in ctxs] for k in ks], "prefill": []}
+
+    models = {}
+    for role in ("draft", "target", "intermediate"):
+        row = doc["models"].get(roles.get(role) or "")
+        if row is None:
+            continue
+        entry: dict[str, Any] = {"n_layers": row["layers"], "native": curve(row["t_ms"]), "head_row": 0.0}
+        slim = {keep: int(n) for keep, n in (row.get("slim_layers") or {}).items() if int(n) < int(row["layers"])}
+        if slim:
+            keep = min(slim, key=slim.get)
+            full, part, n_full, n_part = row["t_ms"], row["slim_t_ms"][keep], int(row["layers"]), slim[keep]
+            per = {c: {k: (full[c][k] - part[c][k]) / (n_full - n_part) for k in full[c]} for c in full}
+            base = {c: {k: full[c][k] - n_full * per[c][k] for k in full[c]} for c in full}
+            entry["routed_base"], entry["routed_layer"] = curve(base), curve(per)
+        models[role] = entry
+    if "target" not in models:
+        raise ConfigError(f"the {SHAPE_SCHEMA} cost file has no measured target of pair {pair!r} "
+                          f"(skipped: {doc.get('skipped', {}).get(roles.get('target'), 'not measured')})")
+    return {"meta": {"cpu": doc.get("device"), "device": doc.get("device"), "dtype": doc.get("dtype"),
+                     "source": SHAPE_SCHEMA, "pair": pair, "paper_shapes": (doc.get("shapes") or {}).get("paper")},
+            "grid": {"ns": ks, "contexts": ctxs, "prefill_ns": []}, "models": models}
+
+
 class CostModel:
-    """Every model of a pair priced from one cost file (``data``: its JSON)."""
+    """Every model of a pair priced from one cost file (``data``: its JSON, in the grid form)."""
 
     def __init__(self, data: dict[str, Any], path: Path | None = None):
         self.data, self.path, self.meta = data, path, data.get("meta", {})
@@ -101,10 +149,20 @@ class CostModel:
         self._memo: dict[tuple, float] = {}
 
     @classmethod
-    def load(cls, path: str | Path) -> CostModel:
+    def load(cls, path: str | Path, pair: str | None = None) -> CostModel:
+        """The cost model of a grid-form file, or of ``pair`` in a ``viasd.cost/v1`` file
+        (:func:`from_shape_costs`); one ConfigError line when the file cannot be read."""
         path = Path(path)
         try:
-            return cls(json.loads(path.read_text()), path)
+            data = json.loads(path.read_text())
+            if data.get("schema") == SHAPE_SCHEMA:
+                if not pair:
+                    raise ConfigError(f"cost file {path} is a {SHAPE_SCHEMA} file of several pairs; name the pair "
+                                      f"(cost_pair=NAME; it has {sorted(data.get('pairs') or {})})")
+                data = from_shape_costs(data, pair)
+            return cls(data, path)
+        except ConfigError:
+            raise
         except (OSError, KeyError, ValueError) as e:
             raise ConfigError(f"cost file {path} is unreadable ({e}); re-measure it with "
                               "`python -m experiments.bench --cost-curve pair=<pair> curve.remeasure=true`") from e

@@ -15,6 +15,12 @@ Phi-3's residual dropouts are applied where its layer applies them). T5's decode
 attention sub-layer is the self-attention and the cross-attention block, the MLP sub-layer
 the feed-forward block. Each layer keeps its own ``layer_idx``, so a path writes its KV into the
 given cache at the original indices; skipped sub-layers leave no cache entry.
+
+Devices: a model split over devices by a ``device_map`` is called here outside accelerate's
+dispatch hooks, so each unit's input (hidden states, mask, rotary embeddings) is moved to that
+unit's device (:func:`unit_device`, the device of its parameters), each layer's KV stays on its
+layer's device, and :func:`head` returns the logits on the LM head's device — where the model's own
+forward returns them.
 """
 
 from __future__ import annotations
@@ -40,15 +46,32 @@ def embed(model, input_ids: torch.Tensor) -> torch.Tensor:
     return model.model.embed_tokens(input_ids)
 
 
+def module_device(module: torch.nn.Module) -> torch.device | None:
+    """The device of ``module``'s first parameter (None: it has none)."""
+    p = next(module.parameters(), None)
+    return None if p is None else p.device
+
+
+def unit_device(model, unit: Unit) -> torch.device | None:
+    """The device sub-layer ``unit`` (layer index, ``attn``/``mlp``) runs on: its parameters' device."""
+    return next((d for m in unit_modules(model, unit) if (d := module_device(m)) is not None), None)
+
+
 def head(model, hidden: torch.Tensor, last: int) -> torch.Tensor:
     """Final norm + LM head (+ logit soft-capping; T5: output scaling) on the last ``last``
-    positions of ``hidden`` ``[B, n, H]`` → ``[B, last, V]``, in the library's order of operations."""
+    positions of ``hidden`` ``[B, n, H]`` → ``[B, last, V]``, in the library's order of operations;
+    ``hidden`` is moved to the final norm's device and the logits are on the LM head's device."""
+    norm = model.get_decoder().final_layer_norm if is_encoder_decoder(model) else model.model.norm
+    dev = module_device(norm)
+    if dev is not None:
+        hidden = hidden.to(dev)
     if is_encoder_decoder(model):
         hidden = model.get_decoder().final_layer_norm(hidden)
         if model.config.scale_decoder_outputs:
             hidden = hidden * (model.model_dim**-0.5)
         return model.lm_head(hidden)[:, -last:]
-    logits = model.lm_head(model.model.norm(hidden)[:, -last:])
+    hidden = model.model.norm(hidden)[:, -last:]
+    logits = model.lm_head(hidden.to(module_device(model.lm_head) or hidden.device))
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
@@ -102,21 +125,40 @@ class CausalPath:
         else:
             pos = rotary(like, self.position_ids) if ref else None
             self.pos_emb = dict.fromkeys(ref, pos)
+        self._on: dict = {}  # (layer kind, device) -> mask, rotary embeddings, positions on that device
 
-    def _kw(self, i: int) -> dict:
+    def _kw(self, i: int, dev: torch.device | None = None) -> dict:
+        """Layer ``i``'s call arguments, on ``dev`` (the layer's device; None: where they were built)."""
         kind = self.types[i]
-        return dict(attention_mask=self.masks[kind], position_embeddings=self.pos_emb[kind],
-                    position_ids=self.position_ids, cache=self.cache, use_cache=self.cache is not None)
+        key = (kind, dev)
+        if key not in self._on:
+            mask, pos = self.masks[kind], self.pos_emb[kind]
+            if dev is not None:
+                mask = mask.to(dev) if isinstance(mask, torch.Tensor) else mask
+                pos = tuple(t.to(dev) for t in pos) if pos is not None else None
+            self._on[key] = (mask, pos, self.position_ids.to(dev) if dev is not None else self.position_ids)
+        mask, pos, position_ids = self._on[key]
+        return dict(attention_mask=mask, position_embeddings=pos, position_ids=position_ids, cache=self.cache,
+                    use_cache=self.cache is not None)
+
+    def _on_device(self, i: int, kind: str, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """``hidden`` and layer ``i``'s arguments on the device of its ``kind`` sub-layer."""
+        dev = unit_device(self.model, (i, kind))
+        if dev is None or dev == hidden.device == self.position_ids.device:
+            return hidden, self._kw(i)
+        return hidden.to(dev), self._kw(i, dev)
 
     def layer(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Decoder layer ``i`` (original index, its own forward) on ``hidden`` ``[B, n, H]``."""
-        return self.inner.layers[i](hidden, **self._kw(i))
+        """Decoder layer ``i`` (original index, its own forward) on ``hidden`` ``[B, n, H]`` (moved to its device)."""
+        hidden, kw = self._on_device(i, ATTN, hidden)
+        return self.inner.layers[i](hidden, **kw)
 
     def attn(self, i: int, hidden: torch.Tensor) -> torch.Tensor:
         """The attention sub-layer of layer ``i``: ``h + [post-norm](attn(input_norm(h)))``."""
         layer = self.inner.layers[i]
         _sublayer_check(self.model, layer)
-        out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden), **self._kw(i))
+        hidden, kw = self._on_device(i, ATTN, hidden)
+        out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden), **kw)
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2/3 normalize the attention output
             out = layer.post_attention_layernorm(out)
         if hasattr(layer, "resid_attn_dropout"):  # Phi-3
@@ -127,6 +169,7 @@ class CausalPath:
         """The MLP sub-layer of layer ``i``: ``h + [post-norm](mlp(norm(h)))``."""
         layer = self.inner.layers[i]
         _sublayer_check(self.model, layer)
+        hidden, _ = self._on_device(i, MLP, hidden)
         gemma = hasattr(layer, "pre_feedforward_layernorm")
         out = layer.mlp((layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm)(hidden))
         if gemma:

@@ -70,6 +70,13 @@ def layer_count(model: PreTrainedModel) -> int:
     return int(cfg.num_hidden_layers)
 
 
+def cuda_devices(model: torch.nn.Module) -> list[torch.device]:
+    """The CUDA devices ``model``'s parameters sit on, in index order (empty on a CPU model): the
+    devices a timed forward synchronizes, so a model split by a device map is timed whole."""
+    devs = {p.device for p in model.parameters() if p.device.type == "cuda"}
+    return sorted(devs, key=lambda d: d.index or 0)
+
+
 def start_sequence(model: PreTrainedModel, prompt_ids: torch.Tensor) -> torch.Tensor:
     """The initial decoding sequence ``LongTensor[1, L0]`` for ``model`` and a prompt ``[1, P]``."""
     if getattr(model.config, "is_encoder_decoder", False):
@@ -215,7 +222,7 @@ class Stream:
         self.stats = ModelStats()
         self.is_encoder_decoder = is_encoder_decoder(model)
         self.tokens = prompt_ids.new_zeros((1, 0))  # [1, n] tokens whose KV is cached
-        self._sync = model.device.type == "cuda"
+        self._sync = cuda_devices(model)  # every GPU the model sits on (a split model: several)
         self.encoder_outputs = None
         self.cache = fresh_cache(model)
         if self.is_encoder_decoder:
@@ -289,8 +296,8 @@ class Stream:
         t0 = time.perf_counter()
         logits, layer_tokens = self._forward(seq, keep, last)
         logits = logits.float()
-        if self._sync:
-            torch.cuda.synchronize()
+        for dev in self._sync:  # timing covers the work queued on every device the model uses
+            torch.cuda.synchronize(dev)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.tokens += seq.shape[1] - keep

@@ -45,8 +45,8 @@ IDENTITY_UNSET: dict[str, Any] = {
     "method.drafter.lookup_min": None,
     "exp": None,  # RunConfig's node for +exp=NAME; a single run has none
     "task.truncate": None,  # over-long prompts are refused (viasd.tasks.length)
-    "schedule": "sequential",
-    "dry_run_strict": False,  # a dry run's knob (issue 43): a run's identity holds it only if set  # conf/config.yaml; interleaved cells carry "interleaved" (viasd.harness.interleave)
+    "dry_run_strict": False,  # conf/config.yaml: only a dry run reads it (issue 43)
+    "schedule": "sequential",  # conf/config.yaml; interleaved cells carry "interleaved" (viasd.harness.interleave)
     # via_sd's gate variants and free audit (issue 26): at these values a run is what it was before them.
     "method.tier1_needs_slim_argmax": False,
     "method.tier1_min_draft_confidence": 0.0,
@@ -99,7 +99,7 @@ class RunConfig:
 
     seed: int = 0
     dry_run: bool = False
-    dry_run_strict: bool = False  # the dry run exits 2 when a cell does not fit the visible GPUs
+    dry_run_strict: bool = False  # with dry_run: a cell that does not fit the visible GPUs fails the dry run
     threads: int | None = 1
     schedule: str = "sequential"  # interleaved cells: "interleaved" (viasd.harness.interleave)
     pair: Any = None

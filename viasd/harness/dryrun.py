@@ -16,16 +16,18 @@ and, once before the cells, every task's ``preflight()`` (the sandbox check of c
 
 It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
 no local config), a gated model without a Hugging Face token while the hub is reachable, or
-calibration with fewer texts than asked for. A cell that does not fit the visible GPUs is not an
-inconsistency of the grid but of this machine: it is marked ``DOES NOT FIT`` with the memory it
-needs, the other cells are planned, and a summary per pair says which fit; only
-``dry_run_strict=true`` turns a cell that does not fit into an error (exit status 2). It ends with
-what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
+calibration with fewer texts than asked for. A cell whose pair cannot fit the visible GPUs does
+not stop the plan: it is marked ``DOES NOT FIT`` with the memory it needs, the other cells are
+planned, and a summary per pair (cells that fit / do not fit, and the SLURM job size that holds its
+largest cell: :func:`job_resources`) closes the plan; with
+``dry_run_strict=true`` a cell that does not fit then fails the dry run (one line, exit 2). It ends
+with what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,8 @@ from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
 from viasd.models.gguf_index import converted_dir, index_model
 from viasd.tasks.loading import is_commit
 
-__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "dry_run", "dry_run_main", "visible_gpus_gib"]
+__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "job_resources", "pair_summary", "dry_run", "dry_run_main",
+           "visible_gpus_gib"]
 
 OVERHEAD = 1.2  # weights x 1.2: KV cache and activations of one sequence at paper lengths
 
@@ -70,7 +73,7 @@ class CellPlan:
     notes: list[str] = field(default_factory=list)
     mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
     memory_basis: str = f"weights x {OVERHEAD}"
-    misfit: str | None = None  # why the cell does not fit the visible GPUs (None: it fits, or no GPU to check)
+    misfit: str | None = None  # why the cell cannot fit the visible GPUs (memory needed vs had); None: it fits
 
 
 def _shares_draft(pair: dict[str, Any]) -> bool:
@@ -242,11 +245,10 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     store = RunStore(cfg.tracking.store_dir)
     as_run = cfg.copy()
     with open_dict(as_run):
-        as_run.dry_run = False  # the values the cell's run will have in its identity
-        as_run.dry_run_strict = False
+        as_run.dry_run = False  # the value the cell's run will have in its identity
     plan.finished = store.is_finished(run_id_for(identity(as_run, entry)))
     _check_access(plan)
-    plan.misfit = _misfit(plan, pair)
+    _check_memory(plan, pair)
     return plan
 
 
@@ -263,43 +265,30 @@ def _check_access(plan: CellPlan) -> None:
             )
 
 
-def _misfit(plan: CellPlan, pair: dict[str, Any]) -> str | None:
-    """Why ``plan`` cannot run on the visible GPUs (one line), or None when it fits or there is no GPU
-    to check against (then a note says what it needs)."""
+def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
+    """Set ``plan.misfit`` (one line: memory needed, memory visible, the fix) when the cell cannot
+    fit the visible GPUs; a CPU cell or a host without GPUs is never marked."""
     if plan.device != "cuda":
-        return None
+        return
     gpus = visible_gpus_gib()
     if not gpus:
         plan.notes.append(f"no GPU visible here; needs ~{plan.need_gib:.1f} GiB of GPU memory")
-        return None
+        return
     spread = bool(pair.get("device_map"))
     have = sum(gpus) if spread else gpus[0]
-    if plan.need_gib <= have:
-        return None
-    how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
-    return (f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
+    if plan.need_gib > have:
+        how = f"{len(gpus)} GPU(s), {have:.0f} GiB together" if spread else f"GPU 0, {have:.0f} GiB"
+        plan.misfit = (
+            f"pair {pair['name']!r} needs ~{plan.need_gib:.0f} GiB ({plan.models[0]['dtype']}, {plan.memory_basis}) "
             f"but fits only {how}; use more or larger GPUs"
-            + ("" if spread else " or set pair.device_map=auto to spread the models"))
-
-
-def _fit_summary(plans: list[CellPlan]) -> list[str]:
-    """One line per pair: how many of its cells fit the visible GPUs, and the most one that does not needs."""
-    pairs: dict[str, list[CellPlan]] = {}
-    for p in plans:
-        pairs.setdefault(p.label.split("/", 1)[0], []).append(p)
-    lines = []
-    for name, ps in pairs.items():
-        bad = [p for p in ps if p.misfit]
-        line = f"  {name:<24} {len(ps) - len(bad)} fit, {len(bad)} do not fit"
-        if bad:
-            line += f" (largest needs ~{max(p.need_gib for p in bad):.1f} GiB)"
-        lines.append(line)
-    return lines
+            + ("" if spread else " or set pair.device_map=auto to spread the models")
+        )
 
 
 def _print_plan(i: int, total: int, plan: CellPlan) -> None:
     done = "  [finished: would be skipped]" if plan.finished else ""
-    print(f"({i}/{total}) {plan.entry} {plan.label}{done}")
+    misfit = f"  [DOES NOT FIT: needs ~{plan.need_gib:.1f} GiB]" if plan.misfit else ""
+    print(f"({i}/{total}) {plan.entry} {plan.label}{done}{misfit}")
     for m in plan.models:
         gated = "  gated" if m["gated"] else ""
         print(f"    {m['role']:<12} {m['id']}@{m['revision']}  {m['dtype']}  {m['device']}  "
@@ -309,16 +298,44 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
         print(f"    data         {line}")
     if plan.mask:
         print(f"    slim mask    {plan.mask}")
-    if plan.misfit:
-        print(f"    DOES NOT FIT {plan.misfit}")
     for note in plan.notes:
         print(f"    note         {note}")
+    if plan.misfit:
+        print(f"    does not fit {plan.misfit}")
+
+
+SLURM_GPU_GIB = 80.0  # the GPU a SLURM job is sized for when none is visible here (VIASD_DRYRUN_GPUS sets it)
+
+
+def job_resources(need_gib: float, gpu_gib: float = SLURM_GPU_GIB) -> dict[str, int]:
+    """The SLURM resources of a cell that needs ``need_gib`` GiB of GPU memory on GPUs of ``gpu_gib``:
+    ``gpus_per_node`` (enough GPUs to hold it, at least 1) and ``mem_gb`` (host memory to stage the
+    weights: the cell's size, at least 16 GB) — the ``hydra.launcher.*`` keys of ``viasd_slurm``."""
+    if gpu_gib <= 0:
+        raise ConfigError(f"GPU memory must be positive, got {gpu_gib} GiB; set VIASD_DRYRUN_GPUS=80 (GiB per GPU)")
+    return {"gpus_per_node": max(1, math.ceil(need_gib / gpu_gib)), "mem_gb": max(16, math.ceil(need_gib))}
+
+
+def pair_summary(plans: list[CellPlan], gpu_gib: float = SLURM_GPU_GIB) -> list[str]:
+    """One line per pair (in plan order): how many of its cells fit and how many do not, the
+    largest memory a cell of it needs, and the SLURM job that holds it (:func:`job_resources`)."""
+    by_pair: dict[str, list[CellPlan]] = {}
+    for p in plans:
+        by_pair.setdefault(p.label.split("/", 1)[0], []).append(p)
+    lines = []
+    for name, ps in by_pair.items():
+        bad = [p for p in ps if p.misfit]
+        peak = max(p.need_gib for p in ps)
+        verdict = f"DOES NOT FIT ({len(bad)}/{len(ps)} cells)" if bad else f"fits ({len(ps)} cells)"
+        res = " ".join(f"hydra.launcher.{k}={v}" for k, v in job_resources(peak, gpu_gib).items())
+        lines.append(f"{name}: {verdict}; largest cell ~{peak:.1f} GiB; SLURM on {gpu_gib:.0f} GiB GPUs: {res}")
+    return lines
 
 
 def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False) -> list[CellPlan]:
-    """Plan and print every cell, then a summary (which cells fit the visible GPUs, per pair; what the
-    grid would stop on before its first cell); raises ConfigError (one line) on an inconsistency, and
-    with ``strict`` when a cell does not fit the visible GPUs."""
+    """Plan and print every cell, then a summary per pair and a total line (and what the grid would
+    stop on before its first cell); raises ConfigError (one line) on an inconsistency, and, when
+    ``strict``, after the summary if any cell does not fit the visible GPUs."""
     plans: list[CellPlan] = []
     gpus = visible_gpus_gib()
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
@@ -337,22 +354,22 @@ def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False) ->
         _print_plan(i, len(cells), plan)
     todo = sum(not p.finished for p in plans)
     peak = max((p.need_gib for p in plans), default=0.0)
+    for line in pair_summary(plans, max(gpus, default=SLURM_GPU_GIB)):
+        print(f"[viasd] pair {line}")
     misfits = [p for p in plans if p.misfit]
-    print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished); "
+    print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished; "
+          f"{len(plans) - len(misfits)} fit, {len(misfits)} do not fit the visible GPUs); "
           f"largest cell ~{peak:.1f} GiB; nothing was downloaded")
-    if gpus:
-        print(f"[viasd] fit on the visible GPUs: {len(plans) - len(misfits)} fit, {len(misfits)} do not fit")
-        for line in _fit_summary(plans):
-            print(line)
     why = not_ready(cells, preflights)
     if why:
         print(f"[viasd] before this grid can start: {why}")
     if strict and misfits:
-        raise ConfigError(f"{len(misfits)} of {len(plans)} cells do not fit the visible GPUs "
-                          f"(first: cell {plans.index(misfits[0]) + 1}, {misfits[0].misfit})")
+        first = misfits[0]
+        raise ConfigError(f"{len(misfits)}/{len(plans)} cells do not fit the visible GPUs (dry_run_strict=true); "
+                          f"first: {first.label}: {first.misfit}")
     return plans
 
 
 def dry_run_main(cfg: DictConfig) -> list[CellPlan]:
     """The ``dry_run=true`` entry of a single run (an exp's dry run is the grid callback's)."""
-    return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}", strict=bool(cfg.get("dry_run_strict")))
+    return dry_run([cfg], f"{cfg.pair.name}/{cfg.method.name}/{cfg.task.name}", bool(cfg.get("dry_run_strict")))

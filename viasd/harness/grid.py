@@ -190,7 +190,7 @@ class GridCallback(Callback):
         try:
             self.cells = exp_cells(overrides)
             if config.get("dry_run"):
-                dry_run([cfg for _, cfg in self.cells], self.name, strict=bool(config.get("dry_run_strict")))
+                dry_run([cfg for _, cfg in self.cells], self.name, bool(config.get("dry_run_strict")))
                 sys.exit(0)
             check_prerequisites([cfg for _, cfg in self.cells])
         except ConfigError as e:

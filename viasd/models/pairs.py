@@ -251,12 +251,26 @@ def _from_pretrained(spec: ModelSpec, cfg: PairConfig) -> PreTrainedModel:
     )
     if spec.gguf_file:
         kwargs["gguf_file"] = spec.gguf_file
-    if cfg.device_map:
-        kwargs["device_map"] = cfg.device_map
     mcfg = AutoConfig.from_pretrained(spec.id, revision=spec.revision, trust_remote_code=cfg.trust_remote_code,
                                       **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
     auto = AutoModelForSeq2SeqLM if getattr(mcfg, "is_encoder_decoder", False) else AutoModelForCausalLM
+    if cfg.device_map == "auto":  # one GPU when it fits, a balanced split otherwise, never a silent offload
+        kwargs["device_map"] = auto_device_map(auto, mcfg, kwargs["dtype"], spec.id, cfg.allow_offload)
+    elif cfg.device_map:
+        kwargs["device_map"] = cfg.device_map
     return auto.from_pretrained(spec.id, **kwargs).eval()
+
+
+def auto_device_map(auto: Any, mcfg: Any, dtype: torch.dtype, name: str, allow_offload: bool) -> dict[str, Any]:
+    """The device map of ``pair.device_map=auto``: the model built on the meta device (no weights)
+    placed over the GPUs' free memory (:func:`viasd.models.placement.place`)."""
+    from accelerate import init_empty_weights
+
+    from viasd.models.placement import gpu_max_memory, place
+
+    with init_empty_weights():
+        meta = auto.from_config(mcfg, dtype=dtype)
+    return place(meta, gpu_max_memory(), name, allow_offload)
 
 
 def _tokenizer(spec: ModelSpec, cfg: PairConfig) -> PreTrainedTokenizerBase:

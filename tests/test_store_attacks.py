@@ -82,17 +82,23 @@ def test_every_edited_summary_number_makes_the_run_invalid_and_unused(ar_sd, run
         (folder / "summary.json").write_text(json.dumps(_edit(summary, key)))
         v = inspect(folder)
         assert not v.finished and v.reason, key
-        if key not in ("new_tokens", "tokens_per_s", "n_examples"):
-            assert "record_sha256 differs" in v.reason, (key, v.reason)
+        assert "record_sha256 differs" in v.reason or "is not its examples'" in v.reason or \
+            "complete records" in v.reason, (key, v.reason)
     (folder / "summary.json").write_text(json.dumps({**summary, "rejection_rate": 0.0}))
     runs, _ = collect("table2", "smoke", RunStore(runs_dir), ["task=prompts", "method=sd"])
     assert not any(r.get("run_id") == sd["run_id"] for r in runs)
-    with pytest.raises(ConfigError, match="not a finished valid run .*record_sha256 differs"):
+    with pytest.raises(ConfigError, match="not a finished valid run .*rejection_rate 0 is not its examples"):
         publish([sd["run_id"]], RunStore(runs_dir), tmp_path / "results")
     (folder / "summary.json").write_text(json.dumps({**summary, "record_sha256": "0" * 64}))
     assert "record_sha256 differs" in inspect(folder).reason
     (folder / "summary.json").write_text(kept)
     assert inspect(folder).finished
+    # stripped of its checksum (read as a run older than it), its counters are recomputed from the examples
+    bare = {k: v for k, v in summary.items() if k != "record_sha256"}
+    for key in ("rejection_rate", "mean_accepted", "accepted", "drafted", "rejected", "rounds", "target_calls"):
+        (folder / "summary.json").write_text(json.dumps(_edit(bare, key)))
+        assert "is not its examples'" in inspect(folder).reason, key
+    (folder / "summary.json").write_text(kept)
 
 
 def test_a_store_listing_legacy_checksums_holds_its_old_runs_to_them(tmp_path):
@@ -109,7 +115,7 @@ def test_a_store_listing_legacy_checksums_holds_its_old_runs_to_them(tmp_path):
     assert all(v.finished for v in RunStore(store).folders())
     ar = next(store.glob("tiny-llama__ar__*"))
     summary = json.loads((ar / "summary.json").read_text())
-    (ar / "summary.json").write_text(json.dumps({**summary, "mean_accepted": 7}))
+    (ar / "summary.json").write_text(json.dumps({**summary, "total_s": 7}))  # not recomputable: the checksum
     assert "record_sha256 differs" in inspect(ar).reason
     # publishing an old run lists its checksum beside it in the results store
     results = tmp_path / "results"
@@ -117,7 +123,7 @@ def test_a_store_listing_legacy_checksums_holds_its_old_runs_to_them(tmp_path):
     publish([sd], RunStore(OLD_STORE), results)
     assert sd in json.loads((results / LEGACY_PROOFS).read_text()) and inspect(results / sd).finished
     s = json.loads((results / sd / "summary.json").read_text())
-    (results / sd / "summary.json").write_text(json.dumps({**s, "rejection_rate": 0.0}))
+    (results / sd / "summary.json").write_text(json.dumps({**s, "total_s": 0.5}))
     assert "record_sha256 differs" in inspect(results / sd).reason
 
 

@@ -19,7 +19,8 @@ Summaries written before ``record_sha256`` existed (every run up to this rule) a
 to the shape of 5 (a readable ``meta.json``); where their store lists them in
 ``<store>/_proofs.json`` (:data:`LEGACY_PROOFS`: ``{run id: record_sha256}``, the results store
 committed in the repository lists each of its runs) their summary and meta are held to that
-checksum too. Summaries written before ``examples_lines``/``examples_sha256`` existed are held to
+checksum too; every run's counters (:data:`SUMMED`), ``rejection_rate`` and ``mean_accepted`` are
+also recomputed from its examples. Summaries written before ``examples_lines``/``examples_sha256`` existed are held to
 3 without the checksum (their line count and complete records), so every run made by earlier code
 stays valid without an upgrade step.
 
@@ -153,6 +154,31 @@ def _summary_problem(name: str, summary: dict[str, Any], data: bytes, records: l
     return ""
 
 
+#: Summary counters that are the sums of the same field over the examples (checked where every
+#: record has the field): what a run without ``record_sha256`` is recomputed by.
+SUMMED = ("accepted", "bonus", "corrected", "drafted", "rejected", "rounds", "target_calls", "target_tokens",
+          "draft_calls", "draft_tokens")
+
+
+def _recomputed_problem(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Why the summary's counters, rejection rate and mean accepted are not those of its examples
+    ("" when they are, or cannot be recomputed): the proof of the numbers of a run without a checksum."""
+    sums = {}
+    for key in SUMMED:
+        vals = [r.get(key) for r in records]
+        if records and all(_number(v) for v in vals) and _number(summary.get(key)):
+            sums[key] = sum(vals)
+            if not math.isclose(summary[key], sums[key], rel_tol=1e-9):
+                return f"summary {key} {summary[key]} is not its examples' {sums[key]} (edited by hand?)"
+    derived = {"rejection_rate": ("rejected", "drafted"), "mean_accepted": ("new_tokens", "rounds")}
+    for key, (num, den) in derived.items():
+        n = sums.get(num, summary.get(num) if num == "new_tokens" else None)
+        if _number(summary.get(key)) and _number(n) and sums.get(den):
+            if not math.isclose(summary[key], n / sums[den], rel_tol=1e-6):
+                return f"summary {key} {summary[key]:.6g} is not its examples' {n / sums[den]:.6g} (edited by hand?)"
+    return ""
+
+
 def _meta(path: Path) -> tuple[dict[str, Any] | None, str]:
     """``meta.json`` of a run folder (None: absent) and why it does not read ("" when it does)."""
     p = path / "meta.json"
@@ -222,7 +248,7 @@ def _check(path: Path) -> Verdict:
                        config=cfg, records=len(records))
     meta, problem = _meta(path)
     problem = problem or _summary_problem(path.name, summary, data, records, bad_line) or \
-        _checksum_problem(path, summary, meta)
+        _recomputed_problem(summary, records) or _checksum_problem(path, summary, meta)
     if problem:
         return Verdict(path, INVALID, problem, config=cfg, summary=summary, records=len(records))
     return Verdict(path, FINISHED, config=cfg, summary=summary, records=len(records))

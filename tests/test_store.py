@@ -244,7 +244,7 @@ def test_a_stash_carries_an_unfinished_run_to_another_machine(runs_dir, tmp_path
     assert store_cli.main(["stash", "--runs", str(runs_dir), "--to", str(stash_dir)]) == 0
     assert f"stashed 1 examples to {stash_dir / rid}" in capsys.readouterr().out
     assert (stash_dir / rid / "examples.jsonl").read_text() == first + "\n"
-    assert {p.name for p in (stash_dir / rid).iterdir()} == {"config.yaml", "meta.json", "examples.jsonl"}
+    assert {p.name for p in (stash_dir / rid).iterdir()} == {"config.yaml", "meta.json", "examples.jsonl", "stash.json"}
     assert "kept: the stash" in stash([rid], RunStore(runs_dir), stash_dir)[0][1]
     with pytest.raises(ConfigError, match="no such folder"):
         stash(["tiny-llama__ar__prompts__0000000000"], RunStore(runs_dir), stash_dir)

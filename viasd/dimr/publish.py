@@ -38,7 +38,8 @@ from viasd.tracking.store import RunStores
 from viasd.utils.fs import atomic_write_bytes, json_text
 
 #: Keys a search run's summary has and its mask artifact has not (``viasd.harness.dimr_runs``, the store).
-SUMMARY_ONLY = ("path", "method", "task", "n_examples", "mask_sha256", "run_id", "examples_lines", "examples_sha256")
+SUMMARY_ONLY = ("path", "method", "task", "n_examples", "mask_sha256", "run_id", "examples_lines", "examples_sha256",
+                "record_sha256")
 
 
 def _sha(data: bytes) -> str:

@@ -9,11 +9,20 @@ A folder ``<store>/<name>/`` is a **finished run** only when all of these hold:
    ``examples_lines`` and (a decoding run) ``n_examples``, and its bytes hash to the summary's
    ``examples_sha256``;
 4. the summary's ``new_tokens`` and ``tokens_per_s`` are those of its records (new tokens summed,
-   over decode seconds summed): a summary edited by hand is not the run's.
+   over decode seconds summed): a summary edited by hand is not the run's;
+5. ``meta.json`` (when present) is a JSON object, and the summary's ``record_sha256`` is
+   :func:`record_sha256` of the summary's other fields and of ``meta.json``: every number of the
+   summary (rejection rate, quality metrics, speedups, counts, timings…) and every field of the
+   meta (runtime, threads, cpu, which the report prices a run by) is the one written at finish.
 
-Summaries written before ``examples_lines``/``examples_sha256`` existed are held to 1, 2, 4 and
-to 3 without the checksum (their line count and complete records), so every run made by earlier
-code stays valid without an upgrade step.
+Summaries written before ``record_sha256`` existed (every run up to this rule) are held to 1–4 and
+to the shape of 5 (a readable ``meta.json``); where their store lists them in
+``<store>/_proofs.json`` (:data:`LEGACY_PROOFS`: ``{run id: record_sha256}``, the results store
+committed in the repository lists each of its runs) their summary and meta are held to that
+checksum too; every run's counters (:data:`SUMMED`), ``rejection_rate`` and ``mean_accepted`` are
+also recomputed from its examples. Summaries written before ``examples_lines``/``examples_sha256`` existed are held to
+3 without the checksum (their line count and complete records), so every run made by earlier code
+stays valid without an upgrade step.
 
 A folder without ``summary.json`` whose ``config.yaml`` names it is **unfinished** (an
 interrupted attempt: the same command resumes after its complete records); one without any of
@@ -33,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from viasd.errors import ConfigError
 from viasd.tracking.ids import config_hash, run_ids_of
 from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME
 
@@ -43,6 +53,18 @@ RESERVED = ("wandb", "bench", "cost_curve")
 
 #: The files of a run's record (what ``publish`` copies; the lock files are not part of it).
 RECORD_FILES = ("config.yaml", "meta.json", "examples.jsonl", "summary.json")
+
+
+#: The file of a store listing the ``record_sha256`` of runs finished before the summary held it.
+LEGACY_PROOFS = "_proofs.json"
+
+
+def record_sha256(summary: dict[str, Any], meta: dict[str, Any] | None) -> str:
+    """Hex SHA-256 of the canonical JSON (sorted keys, no spaces) of ``{"summary": summary without
+    its record_sha256, "meta": meta}``: the checksum a finished run's summary carries."""
+    body = {"summary": {k: v for k, v in summary.items() if k != "record_sha256"}, "meta": meta}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def reserved(name: str) -> bool:
@@ -94,7 +116,11 @@ def _config(path: Path) -> tuple[dict[str, Any] | None, str]:
         return None, f"config.yaml does not read ({type(e).__name__})"
     if not isinstance(cfg, dict):
         return None, "config.yaml is not a mapping"
-    if path.name not in run_ids_of(cfg):
+    try:
+        ids = run_ids_of(cfg)
+    except ConfigError as e:
+        return cfg, f"config.yaml names no run folder ({e})"
+    if path.name not in ids:
         if path.name.rsplit("__", 1)[-1] == config_hash(cfg):
             return cfg, "the folder name's pair/method/task are not its config.yaml's (renamed by hand?)"
         return cfg, (f"config.yaml hashes to {config_hash(cfg)}, not to the id in the folder name "
@@ -128,6 +154,73 @@ def _summary_problem(name: str, summary: dict[str, Any], data: bytes, records: l
     return ""
 
 
+#: Summary counters that are the sums of the same field over the examples (checked where every
+#: record has the field): what a run without ``record_sha256`` is recomputed by.
+SUMMED = ("accepted", "bonus", "corrected", "drafted", "rejected", "rounds", "target_calls", "target_tokens",
+          "draft_calls", "draft_tokens")
+
+
+def _recomputed_problem(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Why the summary's counters, rejection rate and mean accepted are not those of its examples
+    ("" when they are, or cannot be recomputed): the proof of the numbers of a run without a checksum."""
+    sums = {}
+    for key in SUMMED:
+        vals = [r.get(key) for r in records]
+        if records and all(_number(v) for v in vals) and _number(summary.get(key)):
+            sums[key] = sum(vals)
+            if not math.isclose(summary[key], sums[key], rel_tol=1e-9):
+                return f"summary {key} {summary[key]} is not its examples' {sums[key]} (edited by hand?)"
+    derived = {"rejection_rate": ("rejected", "drafted"), "mean_accepted": ("new_tokens", "rounds")}
+    for key, (num, den) in derived.items():
+        n = sums.get(num, summary.get(num) if num == "new_tokens" else None)
+        if _number(summary.get(key)) and _number(n) and sums.get(den):
+            if not math.isclose(summary[key], n / sums[den], rel_tol=1e-6):
+                return f"summary {key} {summary[key]:.6g} is not its examples' {n / sums[den]:.6g} (edited by hand?)"
+    return ""
+
+
+def _meta(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``meta.json`` of a run folder (None: absent) and why it does not read ("" when it does)."""
+    p = path / "meta.json"
+    if not p.is_file():
+        return None, ""
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return None, f"meta.json does not read ({type(e).__name__}: truncated or edited by hand?)"
+    return (meta, "") if isinstance(meta, dict) else (None, "meta.json is not a JSON object")
+
+
+_LEGACY: dict[Path, tuple[tuple, dict[str, str]]] = {}
+
+
+def legacy_proofs(root: Path) -> dict[str, str]:
+    """``{run id: record_sha256}`` of the store ``root``'s :data:`LEGACY_PROOFS` file ({}: none)."""
+    p = root / LEGACY_PROOFS
+    try:
+        st = p.stat()
+    except OSError:
+        return {}
+    sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+    if root not in _LEGACY or _LEGACY[root][0] != sig:
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = {}
+        _LEGACY[root] = (sig, data if isinstance(data, dict) else {})
+    return _LEGACY[root][1]
+
+
+def _checksum_problem(path: Path, summary: dict[str, Any], meta: dict[str, Any] | None) -> str:
+    """Why the summary and meta are not the ones written at finish ("" when they are, or when the
+    run predates the checksum and its store does not list it)."""
+    want = summary.get("record_sha256") or legacy_proofs(path.parent).get(path.name)
+    if want is None or want == record_sha256(summary, meta):
+        return ""
+    return ("summary.json or meta.json is not the one written when the run finished "
+            "(record_sha256 differs: edited by hand?)")
+
+
 def _check(path: Path) -> Verdict:
     if all(p.name in (LOCK_NAME, HOLDER_NAME) for p in path.iterdir()):
         return Verdict(path, EMPTY, "no run files (a run that stopped before writing any, or one starting now)")
@@ -136,6 +229,10 @@ def _check(path: Path) -> Verdict:
         return Verdict(path, INVALID, problem, config=cfg)
     s = path / "summary.json"
     summary = None
+    if not s.is_file():
+        _, problem = _meta(path)
+        if problem:
+            return Verdict(path, INVALID, problem, config=cfg)
     if s.is_file():  # read before the examples: the writer replaces examples.jsonl before it writes summary.json
         try:
             summary = json.loads(s.read_text(encoding="utf-8"))
@@ -149,7 +246,9 @@ def _check(path: Path) -> Verdict:
     if summary is None:
         return Verdict(path, UNFINISHED, f"no summary.json ({len(records)} complete examples to resume from)",
                        config=cfg, records=len(records))
-    problem = _summary_problem(path.name, summary, data, records, bad_line)
+    meta, problem = _meta(path)
+    problem = problem or _summary_problem(path.name, summary, data, records, bad_line) or \
+        _recomputed_problem(summary, records) or _checksum_problem(path, summary, meta)
     if problem:
         return Verdict(path, INVALID, problem, config=cfg, summary=summary, records=len(records))
     return Verdict(path, FINISHED, config=cfg, summary=summary, records=len(records))
@@ -166,6 +265,11 @@ def _signature(path: Path) -> tuple:
             sig.append((st.st_ino, st.st_mtime_ns, st.st_size))
         except OSError:
             sig.append(None)
+    try:  # the store's legacy checksums hold some of its runs to them
+        st = (path.parent / LEGACY_PROOFS).stat()
+        sig.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    except OSError:
+        sig.append(None)
     return tuple(sig)
 
 

@@ -15,8 +15,11 @@ it, and editing a prompt/data/mask file makes a new run.
 * **Proof.** A folder counts as finished only when it passes :mod:`viasd.tracking.proof`;
   stray, copied, edited and truncated folders are *invalid* (:meth:`RunStore.invalid_runs`):
   never a baseline, never "finished", and they never break the reading of another run.
-* **A full disk** is one :class:`StoreFull` line: every write of a run folder goes through
-  :func:`store_write`, and a run that could not write its first files leaves no folder behind.
+* **A full disk** is one :class:`StoreFull` line, **a read-only store** one :class:`StoreReadOnly`
+  line: every write of a run folder goes through :func:`store_write`, and a run that could not
+  write its first files leaves no folder behind.
+* **Names stay inside.** A run id that is not a plain name (:func:`~viasd.tracking.ids.run_id_problem`)
+  is never written (:meth:`RunStore.writable`), and no path of the store leaves its root.
 * **Two roots.** :class:`RunStores` reads several stores as one, first root first: the user's
   (``VIASD_RUNS_DIR``, default ``./runs``) and the read-only results store committed in the
   repository (``results/runs/``, :func:`viasd.paths.results_dir`), which only
@@ -27,7 +30,6 @@ it, and editing a prompt/data/mask file makes a new run.
 from __future__ import annotations
 
 import copy
-import errno
 import hashlib
 import json
 import platform
@@ -49,38 +51,31 @@ from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names 
     file_sha256,
     method_label,
     run_id_for,
+    run_id_problem,
 )
 from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME, RunLock
-from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, reserved
+from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, record_sha256, reserved
+from viasd.tracking.store_errors import (  # noqa: F401  (re-exported: the store's errors)
+    FULL_DISK,
+    READ_ONLY,
+    StoreFull,
+    StoreReadOnly,
+    full_disk_error,
+    store_error,
+)
 from viasd.utils.fs import append_text, atomic_write_text, jsonable
 from viasd.utils.machine import cpu_name
-
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
-
-
-class StoreFull(ConfigError):
-    """A write to the run store failed for lack of space; the message names the store and the fix."""
-
-
-def full_disk_error(path: Path, root: Path) -> StoreFull:
-    try:
-        n = shutil.disk_usage(root if root.exists() else root.parent).free
-        free = f"{n / 2**20:.0f} MiB free" if n >= 2**20 else f"{n // 1024} KiB free"
-    except OSError:
-        free = "free space unknown"
-    return StoreFull(f"no space left on device writing {path} (run store {root}, {free}); free space there or "
-                     f"point VIASD_RUNS_DIR (tracking.store_dir) at another disk, then run the same command again "
-                     f"(finished runs and finished examples are kept)")
 
 
 def store_write(path: Path, text: str, root: Path, append: bool = False) -> None:
     """The run store's one write: ``text`` replaces ``path`` atomically, or (``append``) is appended
-    and flushed; a full disk becomes :class:`StoreFull`."""
+    and flushed; a full disk becomes :class:`StoreFull`, a read-only store :class:`StoreReadOnly`."""
     try:
         (append_text if append else atomic_write_text)(path, text)
     except OSError as e:
-        if e.errno in FULL_DISK:
-            raise full_disk_error(path, root) from None
+        err = store_error(e, path, root)
+        if err is not None:
+            raise err from None
         raise
 
 
@@ -156,7 +151,8 @@ class Run:
 
     def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json`` with the
-        file's line count and checksum; returns the summary as written.
+        file's line count and checksum and the ``record_sha256`` of the summary and ``meta.json``
+        (:func:`~viasd.tracking.proof.record_sha256`); returns the summary as written.
 
         Both are written atomically; ``summary.json`` last, so it marks the run finished.
         """
@@ -166,6 +162,9 @@ class Run:
             self._write("examples.jsonl", "".join(_line(r) for r in self.records))
         data = (self.path / "examples.jsonl").read_bytes()
         summary = {**summary, "examples_lines": len(self.records), "examples_sha256": hashlib.sha256(data).hexdigest()}
+        summary = json.loads(_json(summary))  # as it reads back: the checksum is of what the file holds
+        meta = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
+        summary["record_sha256"] = record_sha256(summary, meta)
         self._write("summary.json", _json(summary))
         return summary
 
@@ -188,21 +187,36 @@ class RunStore:
         self.root = Path(root).resolve()
 
     def path(self, run_id: str) -> Path:
-        return self.root / run_id
+        """The folder of ``run_id``: always a direct child of the store (a name reaching outside it —
+        ``..``, ``/``, an absolute path, NUL — is one :class:`ConfigError` line)."""
+        path = self.root / run_id
+        if "\0" in run_id or path.resolve().parent != self.root:
+            raise ConfigError(f"run id {run_id[:80]!r} leaves the store; name a folder of the run store {self.root}")
+        return path
+
+    def writable(self, run_id: str) -> Path:
+        """:meth:`path` of a run folder about to be written: ``run_id`` must be a plain run id
+        (:func:`~viasd.tracking.ids.run_id_problem`), else one :class:`ConfigError` line."""
+        problem = run_id_problem(run_id)
+        if problem:
+            raise ConfigError(f"run id {run_id[:80]!r} {problem}; name a folder of the run store {self.root}")
+        return self.path(run_id)
 
     def lock(self, run_id: str) -> RunLock:
-        return RunLock(self.path(run_id))
+        return RunLock(self.writable(run_id))
 
     def claim(self, lock: RunLock, wait: bool) -> bool:
-        """Take ``lock`` (waiting when ``wait``); a full disk is :class:`StoreFull`."""
+        """Take ``lock`` (waiting when ``wait``); a full disk is :class:`StoreFull`, a read-only store
+        :class:`StoreReadOnly`."""
         try:
             if wait:
                 lock.acquire()
                 return True
             return lock.try_acquire()
         except OSError as e:
-            if e.errno in FULL_DISK:
-                raise full_disk_error(lock.dir, self.root) from None
+            err = store_error(e, lock.dir, self.root)
+            if err is not None:
+                raise err from None
             raise
 
     def verdict(self, run_id: str) -> Verdict | None:
@@ -261,7 +275,7 @@ class RunStore:
              resume: list[dict[str, Any]] | None = None) -> Run:
         """Open the folder of ``run_id`` for writing (its lock held); a full disk while writing its
         first files removes them again (no empty run folder) and raises :class:`StoreFull`."""
-        path = self.path(run_id)
+        path = self.writable(run_id)
         fresh = not any((path / f).exists() for f in RECORD_FILES)
         try:
             return Run(path, cfg, meta, resume, self.root)

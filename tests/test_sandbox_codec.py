@@ -38,7 +38,8 @@ def test_subclasses_cross_as_their_base_type():
     assert [type(v) for v in back] == [int, dict, tuple, dict]
 
 
-@pytest.mark.parametrize("value", [object(), [print], {1: iter([])}, type, lambda: 0], ids=str)
+@pytest.mark.parametrize("value", [object(), [print], {1: iter([])}, type, lambda: 0],
+                         ids=["object", "builtin-in-list", "iterator-in-dict", "type", "lambda"])
 def test_anything_else_cannot_cross(value):
     with pytest.raises(CrossError, match="cannot cross"):
         encode(value)
@@ -54,7 +55,8 @@ def test_deep_or_huge_values_fail_cleanly():
         encode(10**5000)  # past the interpreter's int-to-str limit
 
 
-@pytest.mark.parametrize("data", [b"", b"[", b'["x", 1]', b'["b", 1]', b'["d", [[1], 2]]', b"{}", b"\xff"])
+@pytest.mark.parametrize("data", [b"", b"[", b'["x", 1]', b'["b", 1]', b'["d", [[1], 2]]', b"{}", b"\xff"],
+                         ids=["empty", "open-bracket", "unknown-tag", "bad-bytes", "bad-dict", "object", "not-utf8"])
 def test_malformed_bytes_never_decode(data):
     with pytest.raises(CrossError):
         decode(data)

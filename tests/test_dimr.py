@@ -22,6 +22,7 @@ from viasd.methods.api import decode
 from viasd.models.pairs import load_pair
 from viasd.models.tiny import build_tiny_pair
 from viasd.paths import PROJECT_ROOT
+from viasd.tracking.proof import record_sha256
 from viasd.tracking.store import RunStore, run_id_for
 
 
@@ -204,8 +205,11 @@ def test_calibration_runs_resolve_in_the_committed_results_store_longest_then_fi
         for i in range(n):
             r.log_example({"id": str(i), "prompt": PROMPTS[i], "token_ids": list(range(40, 72))})
         r.finish({"pair": "tiny-llama", "method": "ar", "task": "prompts", "n_examples": n})
-        meta = json.loads((r.path / "meta.json").read_text())
-        (r.path / "meta.json").write_text(json.dumps({**meta, "started": started}))
+        meta = {**json.loads((r.path / "meta.json").read_text()), "started": started}
+        (r.path / "meta.json").write_text(json.dumps(meta))
+        summary = json.loads((r.path / "summary.json").read_text())  # sealed again: the checksum covers meta
+        summary["record_sha256"] = record_sha256(summary, json.loads((r.path / "meta.json").read_text()))
+        (r.path / "summary.json").write_text(json.dumps(summary))
         return r.path
 
     first = run(results, 1, 3, "2026-12-01T10:00:00")

@@ -14,7 +14,8 @@ policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]``
 Markdown/LaTeX table and a figure; ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
 via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE`` replays only the problems
 the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
-counters of ``sd`` (``docs/replay.md``).
+counters of ``sd`` (``docs/replay.md``). Each ``out=`` row and the ``report=`` sources record the cost file that
+priced the frontier by hash (``docs/replay.md`` §9: ``report --check`` calls the frontier stale when it changes).
 """
 
 from __future__ import annotations

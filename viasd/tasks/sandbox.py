@@ -57,7 +57,7 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
 from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
-from viasd.tasks.sandbox_levels import Plan, candidates, first_usable, userns_unavailable
+from viasd.tasks.sandbox_levels import ROOTLESS, UNSAFE, Plan, candidates, first_usable, userns_unavailable
 from viasd.tasks.sandbox_proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
 from viasd.tasks.sandbox_rpc import Link, converse
 from viasd.tasks.sandbox_scripts import driver_source, minimal_env, namespace_prefix
@@ -69,6 +69,7 @@ __all__ = [
     "SandboxResult",
     "drops_privileges",
     "isolation_level",
+    "levels",
     "remove_tree",
     "require_isolation",
     "run_program",
@@ -189,6 +190,21 @@ def isolation_level(unsafe: bool = False) -> str:
     return _plan(unsafe).level
 
 
+def levels() -> dict[str, Plan]:
+    """Every isolation level this process can run samples at, by name (the bench compares them):
+    its own isolated level (``root namespaces`` or ``rootless namespaces``), ``rootless
+    namespaces`` too where unprivileged user namespaces work (run as root, the samples also get
+    a cgroup), and ``unsafe``, the floor (resource limits and the filter only)."""
+    plan, _ = _isolation()
+    out = {plan.level: plan} if plan is not None else {}
+    if ROOTLESS not in out and not userns_unavailable():
+        py = first_usable(candidates(), "rootless")
+        if py is not None:
+            out[ROOTLESS] = Plan("rootless", py, False)
+    out[UNSAFE] = _unsafe_plan("the floor")
+    return out
+
+
 def sandbox_python(unsafe: bool = False) -> str:
     """The interpreter that sandboxed programs run with."""
     return _plan(unsafe).python
@@ -211,6 +227,7 @@ def run_program(
     max_output_mb: int = 4,
     max_cpus: float = 1.0,
     unsafe: bool = False,
+    plan: Plan | None = None,
 ) -> SandboxResult:
     """Run ``code`` then ``checks`` in the sandbox; passed iff both ran to completion.
 
@@ -222,9 +239,9 @@ def run_program(
     ``max_disk_mb`` all files it writes (a tmpfs); ``max_output_mb`` its stdout+stderr.
     Never raises for anything the program does; raises a ConfigError (before running
     anything) when the sandbox is unavailable and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not
-    waive it.
+    waive it. ``plan``: run at that level instead (one of :func:`levels`; the bench).
     """
-    plan = _plan(unsafe)
+    plan = plan or _plan(unsafe)
     return _run(
         plan, code, checks, timeout_s, memory_mb, max_procs, max_file_mb, max_disk_mb, max_output_mb, max_cpus
     )
@@ -334,6 +351,7 @@ def run_programs(
     workers: int | None = None,
     *,
     unsafe: bool = False,
+    plan: Plan | None = None,
     **limits: int,
 ) -> list[SandboxResult]:
     """:func:`run_program` over ``zip(codes, checks)``, ``workers`` at a time (default: CPUs, ≤ 8).
@@ -347,16 +365,17 @@ def run_programs(
         raise ValueError(f"{len(codes)} programs but {len(checks)} checks")
     if not codes:
         return []
-    if not _plan(unsafe).namespaces:
+    plan = plan or _plan(unsafe)
+    if not plan.namespaces:
         log.warning(
             "executing generated code WITHOUT the sandbox (%s; %s=1 or unsafe_exec=true): only resource "
-            "limits apply%s", _isolation()[1], UNSAFE_ENV,
-            "" if drops_privileges(unsafe) else "; the code runs as this user and can read its files and environment",
+            "limits apply%s", _isolation()[1] or "the unsafe level was asked for", UNSAFE_ENV,
+            "" if plan.drop_uid else "; the code runs as this user and can read its files and environment",
         )  # fmt: skip
     n = workers or min(8, os.cpu_count() or 1)
 
     def one(i: int) -> SandboxResult:
-        return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, **limits)
+        return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, plan=plan, **limits)
 
     if n <= 1 or len(codes) == 1:
         return [one(i) for i in range(len(codes))]

@@ -123,7 +123,8 @@ def _isolation() -> tuple[Plan | None, str]:
         why = userns_unavailable()
         if why:
             return None, f"not running as root, and {why}"
-    missing = [t for t in ("unshare", "setpriv", "mount", "findmnt", "sh", "cp") if not shutil.which(t)]
+    tools = ("unshare", "setpriv", "mount", "sh", "cp") + (("findmnt",) if mode == "rootless" else ())
+    missing = [t for t in tools if not shutil.which(t)]
     if missing:
         return None, f"missing tools {missing} (Debian: apt-get install util-linux mount)"
     why = seccomp_unavailable()

@@ -180,18 +180,18 @@ def driver_source() -> str:
 # Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
 # cgroup, lower the IPC limits, build the sample's minimal root and pivot_root into it, then
 # run the driver as the fresh uid without capabilities (rootless, uid "-": the stage is root of
-# a user namespace mapping the caller, and the driver stays that uid, without capabilities). The minimal root is a tmpfs holding
-# read-only bind mounts of the interpreter's installation and the system directories it
-# needs ($6), the symlinks among them (merged /usr), a fresh /proc of the PID namespace, a
-# few device nodes, private size-limited tmpfs /tmp (the working directory /tmp/work, with
-# the program copied in) and /dev/shm; nothing else of the host (repository, data, home
-# directories, /run and its sockets) exists there. sh stays PID 1 (a program that kills
-# itself must not be PID 1); when it exits, the kernel kills whatever is left. Inside a user
-# namespace the host's mounts are locked: a read-only bind remount must keep the flags of the
-# mount it copies (nosuid, nodev, noexec, the atime mode), so rootless binds repeat them
-# (findmnt). $1 result fd (setup failures go there), $2 uid ("-": rootless), $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files
-# (space separated, may be empty), $6 the paths to bind (space separated); the rest is the
-# command.
+# a user namespace mapping the caller, and the driver stays that uid, without capabilities).
+# The minimal root is a tmpfs holding read-only bind mounts of the interpreter's installation
+# and the system directories it needs ($6), the symlinks among them (merged /usr), a fresh
+# /proc of the PID namespace, a few device nodes, private size-limited tmpfs /tmp (the working
+# directory /tmp/work, with the program copied in) and /dev/shm; nothing else of the host
+# (repository, data, home directories, /run and its sockets) exists there. sh stays PID 1 (a
+# program that kills itself must not be PID 1); when it exits, the kernel kills whatever is
+# left. Inside a user namespace the host's mounts are locked: a read-only bind remount must
+# keep the flags of the mount it copies (nosuid, nodev, noexec, the atime mode), so rootless
+# binds repeat them (findmnt). $1 result fd (setup failures go there), $2 uid ("-": rootless),
+# $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files (space separated, may be empty), $6
+# the paths to bind (space separated); the rest is the command.
 STAGE = r"""
 res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; binds=$6; shift 6
 fail() { echo "viasd-sandbox-setup-failed: $*" > "/proc/self/fd/$res"; exit 125; }  # dash: fds > 9
@@ -211,7 +211,10 @@ for p in $links; do ln -s "$(readlink "$p")" "$R$p" || fail "link $p"; done
 for p in $binds; do
   [ -L "$p" ] || [ ! -d "$p" ] && continue
   keep=""
-  if [ "$uid" = - ]; then keep=$(findmnt -n -o VFS-OPTIONS -T "$p") || fail "read the flags of $p"; keep=${keep#r[ow]}; fi
+  if [ "$uid" = - ]; then  # e.g. "rw,nosuid,relatime" -> ",nosuid,relatime"
+    keep=$(findmnt -n -o VFS-OPTIONS -T "$p") || fail "read the flags of $p"
+    keep=${keep#r[ow]}
+  fi
   mount -o "bind,ro,nosuid,nodev$keep" "$p" "$R$p" || fail "bind $p"
 done
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc" || fail "mount /proc"

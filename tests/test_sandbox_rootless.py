@@ -38,6 +38,8 @@ from tests.test_sandbox_attacks import (
     listening_socket,
 )
 from viasd.paths import PROJECT_ROOT, data_dir
+from viasd.report.shared import shared_header, shared_table
+from viasd.tracking.store import RunStore
 
 NOBODY = 65534
 
@@ -92,16 +94,16 @@ _HOW = _unprivileged()
 pytestmark = pytest.mark.skipif(isinstance(_HOW, str), reason=str(_HOW))
 
 
-def as_user(script: str, *args: str, stdin: str = "", cwd: str = "/", **env: str) -> subprocess.CompletedProcess:
-    """Run ``python -c script args`` as the unprivileged user (``env``: added to its environment)."""
+def as_user(*argv: str, stdin: str = "", cwd: str = "/", **env: str) -> subprocess.CompletedProcess:
+    """Run ``python argv…`` as the unprivileged user (``env``: added to its environment)."""
     cmd, base = _HOW
-    return subprocess.run([*cmd, "-c", script, *args], input=stdin, env={**base, **env}, cwd=cwd,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    return subprocess.run([*cmd, *argv], input=stdin, env={**base, **env}, cwd=cwd, capture_output=True,
+                          text=True, timeout=1800)  # fmt: skip
 
 
 def score_as_user(programs: list[tuple[str, str]], unsafe: bool = False) -> dict:
     """Score ``programs`` (code, checks) in the unprivileged child; skips where it cannot isolate."""
-    proc = as_user(RUNNER, stdin=json.dumps({"programs": programs, "unsafe": unsafe}))
+    proc = as_user("-c", RUNNER, stdin=json.dumps({"programs": programs, "unsafe": unsafe}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["uid"] != 0
@@ -180,9 +182,6 @@ def test_the_five_attacks_fail_rootless_and_the_host_ones_work_unsandboxed(share
         assert unsafe["results"][0][0] == "passed", unsafe["results"]  # the attack is real for this user
 
 
-SCORE = "import sys\nfrom experiments import score_code\nscore_code.main(sys.argv[1:])\n"
-
-
 def test_score_code_as_non_root_scores_canonical_100_and_wrong_0_and_names_the_level(shared_dir):
     data = write_synthetic_data(shared_dir / "data")
     for p in [data, *data.rglob("*")]:
@@ -194,7 +193,7 @@ def test_score_code_as_non_root_scores_canonical_100_and_wrong_0_and_names_the_l
         samples.write_text("".join(json.dumps({"task_id": r["task_id"],
                                                "completion": completion or r["canonical_solution"]}) + "\n"
                                    for r in rows))  # fmt: skip
-        proc = as_user(SCORE, "--task", "humaneval", "--samples", str(samples), "--problems", str(problems),
+        proc = as_user("-m", "experiments.score_code", "--task", "humaneval", "--samples", str(samples), "--problems", str(problems),
                        cwd=str(PROJECT_ROOT), VIASD_CACHE_DIR=str(shared_dir / "cache"))  # fmt: skip
         if proc.returncode == 2 and "refusing to execute generated code" in proc.stderr:
             pytest.skip(f"no rootless isolation for a non-root user here: {proc.stderr.strip()}")
@@ -215,7 +214,28 @@ def test_real_canonical_solutions_pass_rootless(task, n, shared_dir):
         "pass1, out = score_samples(task, rows, workers=4, timeout_s=60)\n"
         "print(len(rows), pass1, sandbox.isolation_level(), [r['task_id'] for r in out if not r['passed']])\n"
     )
-    proc = as_user(code, task, cwd=str(PROJECT_ROOT), VIASD_DATA_DIR=str(data_dir()),
+    proc = as_user("-c", code, task, cwd=str(PROJECT_ROOT), VIASD_DATA_DIR=str(data_dir()),
                    VIASD_CACHE_DIR=str(shared_dir / "cache"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"{n} 100.0 rootless namespaces []", proc.stdout
+
+
+def test_a_run_by_a_non_root_user_records_the_rootless_level(shared_dir):
+    """A code task's run (the tiny random pair: its completions are wrong, pass@1 0) made by the
+    non-root user records ``rootless namespaces`` in its sealed meta, and the table shows it."""
+    data = write_synthetic_data(shared_dir / "data")
+    for p in [data, *data.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    runs = shared_dir / "runs"
+    proc = as_user("-m", "experiments.run", "pair=tiny-llama", "method=ar", "task=humaneval", "task.n_examples=2",
+                   "generation.max_new_tokens=4", cwd=str(PROJECT_ROOT), VIASD_DATA_DIR=str(data),
+                   VIASD_CACHE_DIR=str(shared_dir / "cache"), VIASD_RUNS_DIR=str(runs), WANDB_MODE="disabled",
+                   HF_HUB_OFFLINE="1")  # fmt: skip
+    if proc.returncode == 2 and "refusing to execute generated code" in proc.stderr:
+        pytest.skip(f"no rootless isolation for a non-root user here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = runs.iterdir()
+    assert json.loads((folder / "meta.json").read_text())["isolation"] == "rootless namespaces"
+    assert json.loads((folder / "summary.json").read_text())["metric/pass@1"] == 0.0
+    rows, _, _ = shared_table(RunStore(runs), folder.name, [])  # the run proves itself, meta included
+    assert shared_header(rows)[-1] == "code isolation" and rows[0][-1] == "rootless namespaces"

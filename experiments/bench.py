@@ -17,8 +17,8 @@ units for the slim verifier ``curve.slim`` at ``curve.keep_ratio`` (JSON: ``curv
 
 ``python -m experiments.bench --sandbox [sandbox_opts.n_samples=6] [sandbox_opts.reps=3] [sandbox_opts.workers=2]``
 instead times the code sandbox: canonical HumanEval samples (synthetic ones without the data folder)
-scored at each isolation level this process can run (root namespaces, rootless namespaces, unsafe as
-the floor), per sample and in samples/s, as ratios to the floor (:mod:`viasd.harness.sandbox_bench`;
+scored at each isolation level this process runs (root namespaces as root, rootless namespaces as
+another user, unsafe as the floor), per sample and in samples/s, as ratios to the floor (:mod:`viasd.harness.sandbox_bench`;
 JSON: ``sandbox_opts.out``). No model is loaded.
 """
 

@@ -3,8 +3,8 @@
 This module owns ``python -m experiments.bench --sandbox``'s measurement (the code sandbox is
 :mod:`viasd.tasks.sandbox`). For a few fixed canonical HumanEval samples (the first
 ``n_samples`` problems of the offline file; synthetic ones in the same shape when the data folder
-is absent) it times, per level (``root namespaces``, ``rootless namespaces``, ``unsafe``: the
-floor), each sample alone (``reps`` rounds, levels interleaved per sample so machine load hits
+is absent) it times, per level this process runs (``root namespaces`` as root, ``rootless
+namespaces`` as another user; ``unsafe``, the floor), each sample alone (``reps`` rounds, levels interleaved per sample so machine load hits
 all alike) and the whole set with ``workers`` at a time (samples/s). Two floors name what
 dominates: the interpreter's start-up (``python -I -c pass``) and, per namespace level, the
 namespaces and minimal root without the interpreter (the root stage ending in ``true``).

@@ -57,7 +57,7 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
 from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
-from viasd.tasks.sandbox_levels import ROOTLESS, UNSAFE, Plan, candidates, first_usable, userns_unavailable
+from viasd.tasks.sandbox_levels import UNSAFE, Plan, candidates, first_usable, userns_unavailable
 from viasd.tasks.sandbox_proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
 from viasd.tasks.sandbox_rpc import Link, converse
 from viasd.tasks.sandbox_scripts import driver_source, minimal_env, namespace_prefix
@@ -192,16 +192,13 @@ def isolation_level(unsafe: bool = False) -> str:
 
 
 def levels() -> dict[str, Plan]:
-    """Every isolation level this process can run samples at, by name (the bench compares them):
-    its own isolated level (``root namespaces`` or ``rootless namespaces``), ``rootless
-    namespaces`` too where unprivileged user namespaces work (run as root, the samples also get
-    a cgroup), and ``unsafe``, the floor (resource limits and the filter only)."""
+    """Every isolation level this process runs samples at, by name (the bench compares them): its
+    own isolated level (``root namespaces`` as root, ``rootless namespaces`` otherwise) when
+    available, and ``unsafe``, the floor (resource limits and the filter only). Root gets no
+    rootless level: its user namespace would map the sample to the host's root, which is no
+    measure of a user's sandbox (run the bench as that user instead)."""
     plan, _ = _isolation()
     out = {plan.level: plan} if plan is not None else {}
-    if ROOTLESS not in out and not userns_unavailable():
-        py = first_usable(candidates(), "rootless")
-        if py is not None:
-            out[ROOTLESS] = Plan("rootless", py, False)
     out[UNSAFE] = _unsafe_plan("the floor")
     return out
 

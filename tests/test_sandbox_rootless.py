@@ -132,10 +132,13 @@ NO_FORK_OK = (
 
 def test_a_non_root_scorer_runs_at_the_rootless_level_without_capabilities():
     keys = "print('keys:', repr(open('/proc/keys').read() + open('/proc/key-users').read()))\n"
-    out = score_as_user([(RIGHT, CHECKS), (WRONG, CHECKS), (NO_FORK_OK + KERNEL, ""), (keys, "")])
+    ipc = ("import errno\ntry:\n    open('/proc/sys/kernel/shmmni', 'w').write('4096')\n"
+           "except OSError as e:\n    print('shmmni:', errno.errorcode[e.errno])\n")  # fmt: skip
+    out = score_as_user([(RIGHT, CHECKS), (WRONG, CHECKS), (NO_FORK_OK + KERNEL, ""), (keys + ipc, "")])
     assert out["level"] == "rootless namespaces"
     (right, _, _), (wrong, reason, _), (kernel, _, detail), (_, _, seen) = out["results"]
-    assert seen.strip() == "keys: ''", seen  # the caller's keys are its uid's: hidden from the sample
+    assert seen.split() == ["keys:", "''", "shmmni:", "EROFS"], seen  # the caller's keys are hidden, and the
+    # IPC limits, which root of the sample's user namespace owns, cannot be raised
     assert (right, wrong, reason) == ("passed", "failed", "AssertionError in the checks"), out
     assert kernel == "passed", detail
     got = dict(ln.split(" = ", 1) for ln in detail.splitlines() if " = " in ln)

@@ -218,8 +218,10 @@ for p in $binds; do
   mount -o "bind,ro,nosuid,nodev$keep" "$p" "$R$p" || fail "bind $p"
 done
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc" || fail "mount /proc"
-if [ "$uid" = - ]; then  # rootless: the sample is the caller's uid, which may view the caller's keys there
+if [ "$uid" = - ]; then  # rootless: the sample is the caller's uid, which may view the caller's keys there,
   for f in keys key-users; do mount -o bind /dev/null "$R/proc/$f" || fail "hide /proc/$f"; done
+  # and root of the user namespace owning its IPC namespace, whose limits (set above) it could raise
+  mount -o bind,ro,nosuid,nodev,noexec "$R/proc/sys" "$R/proc/sys" || fail "read-only /proc/sys"
 fi
 for n in null zero full random urandom; do mount -o bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"; done
 ln -s /proc/self/fd "$R/dev/fd" || fail "link /dev/fd"

@@ -69,8 +69,8 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
         if ar is None and timed:
             keep = [o for o in cell if not o.split("=", 1)[0].lstrip("+~").startswith(("method", "exp", "scale"))]
             cmd = "python -m experiments.run method=ar " + " ".join(keep)
-        runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary, "meta": read_meta(found["path"]),
-                     "ar": ar,
+        runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary,
+                     "meta": read_meta(found["path"]), "ar": ar,
                      "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd,
                      "label": variant_label(cell, cfg)})
     return runs, missing
@@ -219,7 +219,8 @@ def paired_group(store: RunStore, group: list[dict]) -> dict[str, Any] | None:
 
 #: The column a table of code-task runs gets: the sandbox level their programs ran at (meta ``isolation``).
 ISOLATION = "code isolation"
-#: A code-task run scored before runs recorded the level (all such committed runs were scored as root).
+#: A code-task run scored before runs recorded the level (the committed ones were scored by root on the
+#: project's machine, which the runs themselves do not prove).
 NOT_RECORDED = "not recorded (scored before the field)"
 
 

@@ -14,6 +14,12 @@ price forward calls with (``viasd.analysis.cost``); ``curve.cost.remeasure=true`
 With ``curve.tier_paths`` (default) it then prints the per-round cost of each VIA-SD tier path
 (tier-1-only, tier-2, escalating with separate caches and with the shared prefix) in target-forward
 units for the slim verifier ``curve.slim`` at ``curve.keep_ratio`` (JSON: ``curve.tier_out``).
+
+``python -m experiments.bench --sandbox [sandbox_opts.n_samples=6] [sandbox_opts.reps=3] [sandbox_opts.workers=2]``
+instead times the code sandbox: canonical HumanEval samples (synthetic ones without the data folder)
+scored at each isolation level this process runs (root namespaces as root, rootless namespaces as
+another user, unsafe as the floor), per sample and in samples/s, as ratios to the floor (:mod:`viasd.harness.sandbox_bench`;
+JSON: ``sandbox_opts.out``). No model is loaded.
 """
 
 from __future__ import annotations
@@ -187,6 +193,20 @@ def store_cost_model(cfg: DictConfig, pair, backend: str) -> None:
     print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
 
 
+def run_sandbox_bench(cfg: DictConfig) -> None:
+    """The ``--sandbox`` mode: the sandbox's cost per isolation level (no model is loaded)."""
+    from viasd.harness.bench import format_table, write_json
+    from viasd.harness.sandbox_bench import COLUMNS, sandbox_bench
+
+    o = cfg.sandbox_opts
+    rows, meta = sandbox_bench(int(o.n_samples), int(o.reps), int(o.workers))
+    print(f"\nsandbox: {meta['n_samples']} canonical HumanEval samples ({meta['source']}) x {meta['reps']} reps, "
+          f"{meta['workers']} workers for samples/s, uid {meta['uid']}, load {meta['load_avg'][0]:.1f}")
+    print(format_table(rows, COLUMNS))
+    write_json(o.out, rows, meta)
+    print(f"wrote {o.out}")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     import torch
@@ -201,6 +221,8 @@ def main(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.threads))
         if cfg.cost_curve:
             return run_cost_curve(cfg)
+        if cfg.sandbox:
+            return run_sandbox_bench(cfg)
         pair = load_pair(cfg.pair)
         variants = [Variant(m, m, {} if m == "ar" else {"gamma": int(cfg.gamma)}) for m in cfg.methods]
         for label, v in OmegaConf.to_container(cfg.variants, resolve=True).items():
@@ -222,6 +244,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    if "--cost-curve" in sys.argv:  # a flag, not a Hydra override: turn it into one
-        sys.argv = [a for a in sys.argv if a != "--cost-curve"] + ["cost_curve=true"]
+    for flag, key in (("--cost-curve", "cost_curve"), ("--sandbox", "sandbox")):  # flags, not Hydra overrides
+        if flag in sys.argv:
+            sys.argv = [a for a in sys.argv if a != flag] + [f"{key}=true"]
     main()

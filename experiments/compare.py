@@ -23,7 +23,7 @@ import pandas as pd
 
 from viasd.errors import ConfigError
 from viasd.paths import runs_dir
-from viasd.report.shared import HEADER, shared_table, write_shared
+from viasd.report.shared import shared_header, shared_table, write_shared
 from viasd.tracking.store import RunStores, invalid_lines
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(pd.DataFrame(rows, columns=HEADER).to_markdown(index=False, floatfmt=".3f"))
+    print(pd.DataFrame(rows, columns=shared_header(rows)).to_markdown(index=False, floatfmt=".3f"))
     print(note)
     return 0
 

@@ -6,7 +6,8 @@ per line (several lines per task allowed; pass@1 is the mean over tasks of the f
 passing). ``--samples`` may also be a finished run's folder or its ``examples.jsonl`` (rows
 ``{"id", "prediction"}``), then the task comes from the run's ``config.yaml`` unless
 ``--task`` is given. Prints pass@1 (0-100) and writes ``<samples>_results.jsonl``: each row
-as read plus ``passed`` (bool), ``status`` and ``result`` (the reason). For HumanEval the
+as read plus ``passed`` (bool), ``status`` and ``result`` (the reason); the printed line names the isolation
+level the programs ran at (``root namespaces``, ``rootless namespaces``, ``unsafe``). For HumanEval the
 program is ``prompt + completion``; for MBPP the completion alone; the task's tests are the
 checks. Bad input prints one line naming the fix and exits with status 2.
 """
@@ -25,7 +26,7 @@ import yaml
 from viasd.errors import ConfigError
 from viasd.tasks import build_task
 from viasd.tasks.base import Task
-from viasd.tasks.sandbox import run_programs
+from viasd.tasks.sandbox import isolation_level, run_programs
 from viasd.utils.fs import atomic_write_text
 
 __all__ = ["main", "read_samples", "score_samples"]
@@ -140,7 +141,9 @@ def main(argv: list[str] | None = None) -> float:
     dest = path.with_name(path.name + "_results.jsonl")
     atomic_write_text(dest, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
     n_pass = sum(r["passed"] for r in out)
-    print(f"pass@1 = {pass1:.2f} ({task.name}: {n_pass}/{len(out)} samples passed); results: {dest}")
+    level = isolation_level(bool(task.cfg["unsafe_exec"]))
+    print(f"pass@1 = {pass1:.2f} ({task.name}: {n_pass}/{len(out)} samples passed; isolation: {level}); "
+          f"results: {dest}")
     return pass1
 
 

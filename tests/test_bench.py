@@ -60,3 +60,25 @@ def test_bench_never_writes_the_committed_results_by_default(monkeypatch, tmp_pa
         with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
             cfg = compose(config_name=name)
         assert str(cfg.out).startswith(str(tmp_path)) and str(cfg.curve.out).startswith(str(tmp_path)), name
+
+
+def test_sandbox_section_times_each_isolation_level(tmp_path):
+    from viasd.tasks import sandbox
+
+    out = tmp_path / "sandbox.json"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("VIASD_DATA_DIR", None)  # the synthetic samples: the same everywhere
+    r = subprocess.run([sys.executable, "-m", "experiments.bench", "--sandbox", "sandbox_opts.n_samples=2",
+                        "sandbox_opts.reps=1", f"sandbox_opts.out={out}"],
+                       cwd=tmp_path, env={**env, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| level | samples | median_ms | min_ms | samples_per_s | x_unsafe | x_root | floor_ms | cgroup |" in r.stdout
+    data = json.loads(out.read_text())
+    rows = {row["level"]: row for row in data["rows"]}
+    assert set(sandbox.levels()) | {"unsafe"} <= set(rows) and data["meta"]["source"] == "synthetic"
+    assert rows["unsafe"]["x_unsafe"] == 1.0 and all(row["samples"] == 2 for row in data["rows"][:-1])
+    assert data["rows"][-1]["level"].startswith("interpreter start")
+    for level in ("root namespaces", "rootless namespaces"):
+        if level in rows:  # the namespaces cost something over the floor; their own floor is below the sample
+            assert rows[level]["x_unsafe"] > 1.0 and 0 < rows[level]["floor_ms"] < rows[level]["median_ms"]

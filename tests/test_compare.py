@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import compare
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
-from viasd.report.shared import HEADER, shared_table
+from viasd.report.common import ISOLATION, NOT_RECORDED
+from viasd.report.shared import HEADER, shared_header, shared_table, write_shared
+from viasd.tasks import sandbox
+from viasd.tracking.proof import record_sha256
 from viasd.tracking.store import RunStore
 
 BASE = ["pair=tiny-llama", "task=prompts", "generation.max_new_tokens=6"]
@@ -119,3 +123,25 @@ def test_unfinished_runs_give_an_interim_table_that_is_printed_never_written(run
     assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--unfinished",
                          "--out", str(tmp_path / "o")]) == 2
     assert "drop --out" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_code_task_rows_name_the_isolation_level_their_programs_ran_at(runs_dir, synthetic_data, tmp_path):
+    """A code task's table says where each run's programs ran (meta.json's ``isolation``); a run scored
+    before the field says it was not recorded; a table of runs that executed no code has no such column."""
+    if sandbox._isolation()[0] is None:
+        pytest.skip(f"code sandbox unavailable here ({sandbox._isolation()[1]})")
+    code = ["task=humaneval", "task.n_examples=2", "generation.max_new_tokens=4"]
+    ar, sd = _run("method=ar", *code), _run("method=sd", *code)
+    old = runs_dir / sd["run_id"]  # as the committed runs: scored before the field (sealed again without it)
+    meta = {k: v for k, v in json.loads((old / "meta.json").read_text()).items() if k != "isolation"}
+    (old / "meta.json").write_text(json.dumps(meta))
+    summary = json.loads((old / "summary.json").read_text())
+    (old / "summary.json").write_text(json.dumps({**summary, "record_sha256": record_sha256(summary, meta)}))
+    rows, _, _ = shared_table(RunStore(runs_dir), ar["run_id"], [sd["run_id"]])
+    assert shared_header(rows)[-1] == ISOLATION == "code isolation"
+    assert [r[-1] for r in rows] == [sandbox.isolation_level(), NOT_RECORDED], rows
+    write_shared(tmp_path, "verdict_humaneval", "t", RunStore(runs_dir), ar["run_id"], [sd["run_id"]])
+    assert "| code isolation" in (tmp_path / "verdict_humaneval.md").read_text()
+    plain = _run("method=ar", "task.n_examples=2")
+    rows, _, _ = shared_table(RunStore(runs_dir), plain["run_id"], [])
+    assert shared_header(rows) == HEADER and len(rows[0]) == len(HEADER)

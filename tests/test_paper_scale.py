@@ -113,7 +113,8 @@ def test_dry_run_shows_mask_source_and_sandbox_check(paper_cells, capsys):
     assert out.strip().splitlines()[-1].startswith("[viasd] before this grid can start: ")
     assert "3 cell(s) use method.slim.mask=auto" in out.strip().splitlines()[-1]
     assert out.count("slim mask    search to run: python -m experiments.run +exp=table1 scale=paper pair=") == 3
-    ok = "sandbox: namespace (isolated)" if sandbox._isolation()[0] else "REFUSED: refusing to execute"
+    plan = sandbox._isolation()[0]
+    ok = f"sandbox: {plan.level} (isolated)" if plan else "REFUSED: refusing to execute"
     assert f"[viasd] preflight of humaneval: {ok}" in out and "nothing was downloaded" in out
 
 

@@ -93,3 +93,18 @@ def test_report_scales_come_from_conf_and_missing_scale_files_are_named(tmp_path
     assert {"smoke", "local", "paper", "cpu-large"} <= set(scales())
     res = build_all(tmp_path / "pf", RunStore(tmp_path / "runs"), "cpu-large", ["table3"])
     assert res["table3"] == "skipped: table3 has no cpu-large scale (conf/scale/table3/cpu-large.yaml)"
+
+
+def test_a_code_task_table_names_the_isolation_level(runs_dir, tmp_path, synthetic_data):
+    from viasd.tasks import sandbox
+
+    if sandbox._isolation()[0] is None:
+        pytest.skip(f"code sandbox unavailable here ({sandbox._isolation()[1]})")
+    code = ["task=humaneval", "task.n_examples=2", "generation.max_new_tokens=4"]
+    r = run_app("+exp=table2", "scale=smoke", "method=ar,sd", *code, runs=runs_dir, data=synthetic_data)
+    assert r.returncode == 0, r.stderr[-3000:]
+    build_all(tmp_path / "pf", RunStore(runs_dir), "smoke", ["table2"], [*code, "method=ar,sd"])
+    header, *rows = [ln for ln in (tmp_path / "pf" / "smoke" / "table2.md").read_text().splitlines()
+                     if ln.startswith("| ") and not ln.startswith("|:")]
+    assert header.split("|")[-2].strip() == "code isolation"
+    assert rows and all(row.split("|")[-2].strip() == sandbox.isolation_level() for row in rows), rows

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.tasks import sandbox
+from viasd.tracking.store import RunStore
 
 SUMMARY_KEYS = {"method", "pair", "task", "n_examples", "new_tokens", "wall_s", "tokens_per_s", "rejection_rate",
                 "mean_accepted"}
@@ -100,6 +101,10 @@ def test_every_task_runs_end_to_end(task, runs_dir, any_data):
     if task != "specbench":  # speed-only task has no metric
         assert any(k.startswith("metric/") for k in s)
         assert all("score" in r for r in rows)
+    meta = json.loads((runs_dir / s["run_id"] / "meta.json").read_text())
+    code = task in ("humaneval", "mbpp")  # the level its programs ran at, sealed with the run
+    assert meta.get("isolation") == (sandbox._isolation()[0].level if code else None), meta
+    assert RunStore(runs_dir).find(s["run_id"]) is not None
 
 
 def test_ctrl_c_leaves_an_unfinished_run_and_says_where(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from experiments import score_code
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import build_task, loading, sandbox, sandbox_kernel
+from viasd.tasks import build_task, loading, sandbox, sandbox_kernel, sandbox_levels
 from viasd.tasks.base import Example
 from viasd.tasks.sandbox import run_program, run_programs
 
@@ -84,10 +84,15 @@ def test_root_without_cap_sys_admin_refuses_for_real(tmp_path):
     assert not Path(str(samples) + "_results.jsonl").exists()
 
 
+NO_USERNS = "unprivileged user namespaces are disabled (simulated)"
+
+
 @pytest.fixture
 def not_root(monkeypatch):
-    """Simulate a harness that does not run as root (the probes are cached per process: reset them)."""
+    """Simulate a harness that does not run as root on a machine without unprivileged user namespaces
+    (the probes are cached per process: reset them)."""
     monkeypatch.setattr(sandbox, "_is_root", lambda: False)
+    monkeypatch.setattr(sandbox, "userns_unavailable", lambda: NO_USERNS)
     monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
     monkeypatch.delenv("VIASD_SANDBOX_PYTHON", raising=False)
     sandbox._isolation.cache_clear()
@@ -98,13 +103,16 @@ def not_root(monkeypatch):
 
 
 def test_not_root_refuses_then_runs_as_the_calling_user_when_waived(not_root):
-    """Not root: no isolation ("not running as root"); waived, programs run unsandboxed as this user."""
-    assert sandbox._isolation() == (None, "not running as root")
-    with pytest.raises(ConfigError, match=r"sandbox is unavailable \(not running as root\)"):
+    """Not root, no user namespaces: no isolation; waived, programs run unsandboxed as this user."""
+    assert sandbox._isolation() == (None, f"not running as root, and {NO_USERNS}")
+    with pytest.raises(ConfigError, match=r"sandbox is unavailable \(not running as root, and unprivileged user "
+                                          r"namespaces are disabled \(simulated\)\).*user namespaces") as e:
         sandbox.require_isolation()
+    assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="VIASD_UNSAFE_EXEC=1"):
         run_program(RIGHT, CHECKS)
     assert sandbox.sandbox_mode(unsafe=True) == "unsafe" and not sandbox.drops_privileges(unsafe=True)
+    assert sandbox.isolation_level(unsafe=True) == "unsafe"
     assert sandbox.sandbox_python(unsafe=True) == sys.executable
     r = run_program("import os\nprint(os.getuid())", unsafe=True)
     assert r.passed and r.detail.strip().splitlines()[-1] == str(os.getuid()), r
@@ -154,5 +162,46 @@ def test_a_failing_self_test_refuses(monkeypatch):
     try:
         assert sandbox._isolation() == (
             None, "the sandbox's self-test did not pass (failed: SystemExit in the program)")  # fmt: skip
+    finally:
+        sandbox._isolation.cache_clear()
+
+
+@pytest.fixture
+def fresh_userns_probe():
+    sandbox_levels.userns_unavailable.cache_clear()
+    yield
+    sandbox_levels.userns_unavailable.cache_clear()
+
+
+def test_disabled_user_namespaces_are_named(tmp_path, monkeypatch, fresh_userns_probe):
+    off = tmp_path / "max_user_namespaces"
+    off.write_text("0\n")
+    monkeypatch.setattr(sandbox_levels, "_SYSCTLS", ((str(off), "user.max_user_namespaces = 0"),))
+    assert sandbox_levels.userns_unavailable() == (
+        "unprivileged user namespaces are disabled (user.max_user_namespaces = 0)")  # fmt: skip
+
+
+def test_a_failing_user_namespace_probe_names_apparmor(tmp_path, monkeypatch, fresh_userns_probe):
+    apparmor = tmp_path / "apparmor_restrict_unprivileged_userns"
+    apparmor.write_text("1\n")
+    monkeypatch.setattr(sandbox_levels, "_SYSCTLS", ())
+    monkeypatch.setattr(sandbox_levels, "_APPARMOR", str(apparmor))
+    monkeypatch.setattr(sandbox_levels, "USERNS_PROBE",
+                        ["sh", "-c", "echo 'unshare: write failed /proc/self/uid_map: Operation not permitted' >&2; "
+                                     "exit 1"])  # fmt: skip
+    why = sandbox_levels.userns_unavailable()
+    assert why.startswith("creating an unprivileged user namespace failed: unshare: write failed") and \
+        "kernel.apparmor_restrict_unprivileged_userns = 1" in why, why
+
+
+def test_not_root_with_user_namespaces_chooses_the_rootless_level(monkeypatch):
+    """The choice only (the rootless level for real, as nobody: test_sandbox_rootless.py)."""
+    if shutil.which("unshare") is None or sandbox_levels.userns_unavailable():
+        pytest.skip("no unprivileged user namespaces here")
+    monkeypatch.setattr(sandbox, "_is_root", lambda: False)
+    sandbox._isolation.cache_clear()
+    try:
+        plan, why = sandbox._isolation()
+        assert why == "" and plan.mode == "rootless" and plan.level == "rootless namespaces" and not plan.drop_uid
     finally:
         sandbox._isolation.cache_clear()

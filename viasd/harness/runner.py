@@ -214,6 +214,9 @@ class Cell:
     def finish(self, pair, examples: list) -> dict[str, Any]:
         """Score the predictions, write the summary (with the speedup over the matched ``ar`` run), log W&B."""
         corpus, per_example = self.task.score(self.predictions, examples)
+        scoring = self.task.scoring_meta()  # e.g. the sandbox's isolation level: meta.json, sealed below
+        if scoring:
+            self.run_dir.update_meta(**scoring)
         summary = {"method": self.labels["job_type"], "method_impl": self.method, "pair": pair.name,
                    "task": self.task.name, "n_examples": len(examples), "run_id": self.run_id,
                    "seed": int(self.cfg.seed), "total_s": self.elapsed, "resumed_examples": self.reused,

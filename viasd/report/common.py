@@ -45,7 +45,7 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
 
     ``store``: one run store or several read as one (the user's and the results store); a run
     that does not prove itself (:mod:`viasd.tracking.proof`) counts as missing. Each run:
-    ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict), ``summary``,
+    ``run_id``, ``config`` (composed DictConfig), ``identity`` (resolved dict), ``summary``, ``meta``,
     ``ar`` (the matched ``ar`` run of the same store, or None), ``speedup`` (vs that run),
     ``ar_command`` (the command creating the missing ``ar`` run, else None), ``label`` (an
     interleaved cell's ``exp.variants`` label, else None).
@@ -69,7 +69,8 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
         if ar is None and timed:
             keep = [o for o in cell if not o.split("=", 1)[0].lstrip("+~").startswith(("method", "exp", "scale"))]
             cmd = "python -m experiments.run method=ar " + " ".join(keep)
-        runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary, "ar": ar,
+        runs.append({"run_id": rid, "config": cfg, "identity": ident, "summary": summary,
+                     "meta": read_meta(found["path"]), "ar": ar,
                      "speedup": speedup(summary, ar["summary"]) if ar else math.nan, "ar_command": cmd,
                      "label": variant_label(cell, cfg)})
     return runs, missing
@@ -214,6 +215,37 @@ def paired_group(store: RunStore, group: list[dict]) -> dict[str, Any] | None:
     if first is None:
         return None
     return compare_to_ar(store, {**first[0], "examples": runs}, {**first[1], "examples": ars})
+
+
+#: The column a table of code-task runs gets: the sandbox level their programs ran at (meta ``isolation``).
+ISOLATION = "code isolation"
+#: A code-task run scored before runs recorded the level (the committed ones were scored by root on the
+#: project's machine, which the runs themselves do not prove).
+NOT_RECORDED = "not recorded (scored before the field)"
+
+
+def code_isolation(summary: dict[str, Any], meta: dict[str, Any] | None) -> str | None:
+    """The isolation level a run's generated programs ran at (``root namespaces``, ``rootless
+    namespaces``, ``unsafe``; :data:`NOT_RECORDED` for a run older than the field); None for a run
+    that executed no code (no ``pass@1``)."""
+    if "metric/pass@1" not in summary:
+        return None
+    return (meta or {}).get("isolation") or NOT_RECORDED
+
+
+def with_isolation(header: list[str], rows: list[list[Any]], levels: list[str | None]
+                   ) -> tuple[list[str], list[list[Any]]]:
+    """``header`` and ``rows`` with the :data:`ISOLATION` column (one level per row, from
+    :func:`code_isolation`) when any row executed code; unchanged otherwise."""
+    if all(level is None for level in levels):
+        return header, rows
+    return header + [ISOLATION], [[*r, level or "–"] for r, level in zip(rows, levels, strict=True)]
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """A run folder's ``meta.json`` ({} when absent)."""
+    meta = Path(path) / "meta.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
 def _label(r: dict, keys: list[str]) -> str:

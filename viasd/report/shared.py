@@ -13,6 +13,8 @@ everything but the method and the subset size). This module owns that comparison
 * the rejection rate (Σ rejected / Σ drafted: ``docs/metrics.md``) and the target model's calls per
   new token, each a ratio of sums over the shared examples with a bootstrap 95% interval;
 * the lossless promise: per example, are the token ids those of ``ar``?
+* for code tasks, the sandbox's isolation level each run's programs ran at (``meta.json``;
+  runs older than the field say so);
 * quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …), the
   paired difference to ``ar`` with its interval and p-value (McNemar exact for binary scores,
   Wilcoxon for continuous ones: ``docs/metrics.md §6``).
@@ -35,7 +37,7 @@ from viasd.analysis.paired import (
 )
 from viasd.analysis.stats import Paired, share_ci
 from viasd.errors import ConfigError
-from viasd.report.common import paired_cells, write_table
+from viasd.report.common import ISOLATION, code_isolation, paired_cells, with_isolation, write_table
 from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
@@ -116,6 +118,7 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
                               f"(a larger task.n_examples with the same task.seed)")
         rows.append(_row(store, run, ar, labels.get(run_id)))
         runs.append(run)
+    _, rows = with_isolation(HEADER, rows, [code_isolation(r["summary"], r.get("meta")) for r in runs])
     runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None} for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
             f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
@@ -128,6 +131,12 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     return rows, runs, note
 
 
+def shared_header(rows: list[list[Any]]) -> list[str]:
+    """The header of :func:`shared_table`'s rows: :data:`HEADER`, plus the code isolation column
+    when the runs executed generated code (:func:`~viasd.report.common.with_isolation`)."""
+    return HEADER + [ISOLATION] if rows and len(rows[0]) > len(HEADER) else HEADER
+
+
 def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, run_ids: list[str],
                  scale: str = "", ignore: tuple[str, ...] = (), labels: dict[str, str] | None = None,
                  legend: str = "") -> list[str]:
@@ -135,6 +144,7 @@ def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, 
     names by run id; ``legend``: text put before the note (e.g. what each label runs)."""
     rows, runs, note = shared_table(store, ar_id, run_ids, ignore, labels=labels)
     note = f"{legend} {note}" if legend else note
-    paths = write_table(out, name, title, HEADER, rows, runs, [], note=note, scale=scale)
-    atomic_write_json(out / f"{name}.rows.json", {"header": HEADER, "rows": rows})
+    header = shared_header(rows)
+    paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale)
+    atomic_write_json(out / f"{name}.rows.json", {"header": header, "rows": rows})
     return paths

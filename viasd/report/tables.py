@@ -11,10 +11,12 @@ from viasd.report.common import (
     REPORTS,
     _fmt,
     _label,
+    code_isolation,
     paired_cells,
     paired_group,
     repeat_groups,
     stat,
+    with_isolation,
     write_table,
 )
 from viasd.tracking.baseline import quality, target_calls_per_token
@@ -45,9 +47,11 @@ def table1(runs, missing, out: Path, store: RunStore, scale: str) -> list[str]:
 
 def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, extra_keys: list[str],
                   store: RunStore) -> list[str]:
-    rows = []
+    rows, levels = [], []
     for group in sorted(repeat_groups(runs), key=lambda g: (g[0]["summary"]["pair"], g[0]["summary"]["task"])):
         s = group[0]["summary"]
+        found = {code_isolation(r["summary"], r.get("meta")) for r in group}
+        levels.append(None if found == {None} else ", ".join(sorted(x for x in found if x)))
         qname, _ = quality(s)
         cmp = paired_group(store, group)
         cells = paired_cells(cmp)
@@ -60,6 +64,7 @@ def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, e
                      *cells[2:]])
     header = ["pair", "task", "method", "seeds", "rejection rate", "full-model calls/token", "speedup vs ar (×)",
               *PAIRED_HEADER[:3], "tokens/s", "quality", *PAIRED_HEADER[3:]]
+    header, rows = with_isolation(header, rows, levels)
     return write_table(out, name, title, header, rows, runs, missing, note=PAIRED_NOTE, scale=scale)
 
 

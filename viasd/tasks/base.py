@@ -172,6 +172,11 @@ class Task:
         else a short line saying what was checked (None: nothing to check)."""
         return None
 
+    def scoring_meta(self) -> dict[str, Any]:
+        """Fields a run's ``meta.json`` records about how this task scored it (code tasks: the
+        sandbox's ``isolation`` level); called at scoring time, before the run is sealed."""
+        return {}
+
     def load_rows(self) -> list[dict[str, Any]]:
         """All rows of the configured source, in the offline files' field layout."""
         rows = load_rows(self.cfg["source"], self.cfg["offline_file"], self.cfg["hub"], self.name, self.cfg["hub_root"])

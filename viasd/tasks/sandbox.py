@@ -9,21 +9,26 @@ program's functions over a pipe, with only plain data crossing
 the program wrote; exit statuses are never trusted: early exits, signals and timeouts fail,
 each with its reason. What remains open is in the design note.
 
-Isolation (``namespace`` mode, the only one used unless explicitly waived): root with
-util-linux ``unshare``/``setpriv``/``mount`` and libseccomp. Each sample gets fresh network,
-PID, mount, IPC and UTS namespaces, a fresh empty session keyring, a minimal root (a tmpfs
-with the interpreter's installation and system libraries read-only, private ``/tmp`` with
-its working directory ``/tmp/work``, ``/dev/shm``, a few device nodes; nothing else of the
-host), and runs as a random unprivileged uid with no capabilities, ``no_new_privs``,
-not dumpable, under the seccomp filter of :mod:`viasd.tasks.sandbox_kernel`; a root ``sh``
-is PID 1, so everything left dies with it. A per-sample cgroup (:mod:`viasd.tasks.cgroups`)
-bounds memory (files, memfds, shared memory included), tasks and CPU bandwidth; without
-one the program may not fork (``RLIMIT_NPROC`` 1) and open files × file size stays within
-the memory budget. Per process: address space, file size, CPU seconds, open files; output
-past ``max_output_mb`` kills the sample.
+Isolation levels (:mod:`viasd.tasks.sandbox_levels`), chosen once per process: ``root
+namespaces`` when root, ``rootless namespaces`` when not root and unprivileged user namespaces
+work, else refused unless waived (``unsafe``). Both namespace levels use util-linux
+``unshare``/``setpriv``/``mount``/``findmnt`` and libseccomp. Each sample gets fresh network,
+PID, mount, IPC and UTS namespaces (rootless: inside a new user namespace mapping the caller to
+root), a fresh empty session keyring, a minimal root (a tmpfs with the interpreter's
+installation and system libraries read-only, private ``/tmp`` with its working directory
+``/tmp/work``, ``/dev/shm``, a few device nodes; nothing else of the host), and runs with no
+capabilities, ``no_new_privs``, not dumpable, under the seccomp filter of
+:mod:`viasd.tasks.sandbox_kernel` — as a random unprivileged uid when root, as the caller's uid
+(root of its user namespace, no capability) when rootless; a ``sh`` is PID 1, so everything
+left dies with it. A per-sample cgroup (:mod:`viasd.tasks.cgroups`, where one can be created:
+root, or a cgroup delegated to the user) bounds memory (files, memfds, shared memory
+included), tasks and CPU bandwidth; without one the program may not fork (``RLIMIT_NPROC`` 1)
+and open files × file size stays within the memory budget. Per process: address space, file
+size, CPU seconds, open files; output past ``max_output_mb`` kills the sample.
 
-Fail closed: when namespace mode is unavailable (not root, no ``CAP_SYS_ADMIN``, tools or
-libseccomp missing, or the self-test of the whole chain fails), :func:`run_programs`
+Fail closed: when neither namespace level is available (not root and no unprivileged user
+namespaces, no ``CAP_SYS_ADMIN``, tools or libseccomp missing, or the self-test of the whole
+chain fails), :func:`run_programs`
 raises a :class:`~viasd.errors.ConfigError` naming the opt-in, ``VIASD_UNSAFE_EXEC=1`` or
 the task's ``unsafe_exec: true``. With it, programs run with the resource limits (and the
 filter where libseccomp is there) only, as a fresh uid when root, else as the harness's own
@@ -52,6 +57,7 @@ from pathlib import Path
 from viasd.errors import ConfigError
 from viasd.tasks.cgroups import SampleCgroup
 from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
+from viasd.tasks.sandbox_levels import UNSAFE, Plan, candidates, first_usable, userns_unavailable
 from viasd.tasks.sandbox_proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
 from viasd.tasks.sandbox_rpc import Link, converse
 from viasd.tasks.sandbox_scripts import driver_source, minimal_env, namespace_prefix
@@ -62,6 +68,8 @@ __all__ = [
     "UNSAFE_ENV",
     "SandboxResult",
     "drops_privileges",
+    "isolation_level",
+    "levels",
     "remove_tree",
     "require_isolation",
     "run_program",
@@ -93,58 +101,8 @@ class SandboxResult:
     peak_memory_mb: float | None = None
 
 
-@dataclass(frozen=True)
-class _Plan:
-    mode: str  # namespace | unsafe
-    python: str
-    drop_uid: bool  # run as a fresh unprivileged uid (we are root)
-
-
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-_VERSION_CODE = "import sys; print(sys.version, sys.prefix)"
-
-
-def _probe_version(cmd: list[str], cwd: str, user: int | None = None) -> str | None:
-    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
-                             cwd=cwd, env=minimal_env(cwd), **kw)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _first_usable(candidates: list[str], namespace: bool) -> str | None:
-    """The first interpreter a fresh uid runs (in the namespaces) as the same installation."""
-    workdir = tempfile.mkdtemp(prefix="viasd-sbx-probe-")
-    uid = take_uid()
-    try:
-        for name in ("program.py", "checks.py"):
-            Path(workdir, name).write_text("")
-        if not namespace:
-            os.chown(workdir, uid, uid)
-        for py in candidates:
-            as_root = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir)
-            if namespace:
-                cmd = namespace_prefix(2, uid, 16, 1 << 20, [], py) + [py, "-I", "-c", _VERSION_CODE]
-                sandboxed = _probe_version(cmd, workdir)
-            else:
-                sandboxed = _probe_version([py, "-I", "-c", _VERSION_CODE], workdir, user=uid)
-            if as_root and sandboxed == as_root:
-                return py
-        return None
-    finally:
-        free_uid(uid)
-        remove_tree(workdir)
-
-
-def _candidates() -> list[str]:
-    env_py = os.environ.get("VIASD_SANDBOX_PYTHON")
-    cands = [env_py] if env_py else [sys.executable, "/usr/bin/python3", shutil.which("python3") or ""]
-    return [c for i, c in enumerate(cands) if c and c not in cands[:i] and os.path.exists(c)]
 
 
 # The self-test of the whole chain: the filter is in place (no user namespaces) and the checks pass.
@@ -155,27 +113,34 @@ _SELF_TEST = (
 
 
 @functools.lru_cache(maxsize=1)
-def _isolation() -> tuple[str | None, str]:
-    """(interpreter usable in namespace mode or None, why not); probes once per process."""
-    cands = _candidates()
+def _isolation() -> tuple[Plan | None, str]:
+    """(the isolated plan — root or rootless namespaces — or None, why not); probes once per process."""
+    cands = candidates()
     if not cands:
         return None, "no Python interpreter found for the sandbox (set VIASD_SANDBOX_PYTHON)"
-    if not _is_root():
-        return None, "not running as root"
-    missing = [t for t in ("unshare", "setpriv", "mount", "sh", "cp") if not shutil.which(t)]
+    mode = "namespace" if _is_root() else "rootless"
+    if mode == "rootless":
+        why = userns_unavailable()
+        if why:
+            return None, f"not running as root, and {why}"
+    tools = ("unshare", "setpriv", "mount", "sh", "cp") + (("findmnt",) if mode == "rootless" else ())
+    missing = [t for t in tools if not shutil.which(t)]
     if missing:
         return None, f"missing tools {missing} (Debian: apt-get install util-linux mount)"
     why = seccomp_unavailable()
     if why:
         return None, why
-    py = _first_usable(cands, namespace=True)
+    py = first_usable(cands, mode)
     if py is None:
-        return None, "creating the namespaces failed (no CAP_SYS_ADMIN, or a seccomp/AppArmor policy)"
-    r = _run(_Plan("namespace", py, True), _SELF_TEST, "pass", timeout_s=20, memory_mb=256, max_procs=4,
+        return None, ("creating the namespaces failed (no CAP_SYS_ADMIN, or a seccomp/AppArmor policy)"
+                      if mode == "namespace" else "creating the rootless namespaces failed (no interpreter "
+                      "readable by this user, or a mount refused in the user namespace; set VIASD_SANDBOX_PYTHON)")
+    plan = Plan(mode, py, mode == "namespace")
+    r = _run(plan, _SELF_TEST, "pass", timeout_s=20, memory_mb=256, max_procs=4,
              max_file_mb=1, max_disk_mb=1, max_output_mb=1, max_cpus=1.0)  # fmt: skip
     if not r.passed:
         return None, f"the sandbox's self-test did not pass ({r.status}: {r.reason})"
-    return py, ""
+    return plan, ""
 
 
 def _unsafe_requested(unsafe: bool) -> bool:
@@ -191,34 +156,51 @@ def require_isolation(unsafe: bool = False) -> None:
     py, why = _isolation()
     if py is None and not _unsafe_requested(unsafe):
         raise ConfigError(
-            f"refusing to execute generated code: the sandbox is unavailable ({why}). Run as root "
-            f"with util-linux unshare/setpriv and libseccomp, or accept running it unsandboxed with {UNSAFE_ENV}=1 "
-            "(or task.unsafe_exec=true)"
+            f"refusing to execute generated code: the sandbox is unavailable ({why}). Run as root, or as a user "
+            "allowed unprivileged user namespaces, with util-linux unshare/setpriv and libseccomp, or accept "
+            f"running it unsandboxed with {UNSAFE_ENV}=1 (or task.unsafe_exec=true)"
         )
 
 
-def _plan(unsafe: bool) -> _Plan:
+def _plan(unsafe: bool) -> Plan:
     require_isolation(unsafe)
-    py, why = _isolation()
-    if py is not None:
-        return _Plan("namespace", py, True)
-    return _unsafe_plan(why)
+    plan, why = _isolation()
+    return plan if plan is not None else _unsafe_plan(why)
 
 
 @functools.lru_cache(maxsize=1)
-def _unsafe_plan(why: str) -> _Plan:
+def _unsafe_plan(why: str) -> Plan:
     if _is_root():
-        py = _first_usable(_candidates(), namespace=False)
+        py = first_usable(candidates(), "unsafe")
         if py is None:
             raise ConfigError("no interpreter is usable by an unprivileged uid; set VIASD_SANDBOX_PYTHON "
                               "to a world-readable python (generated code never runs as root)")  # fmt: skip
-        return _Plan("unsafe", py, True)
-    return _Plan("unsafe", os.environ.get("VIASD_SANDBOX_PYTHON") or sys.executable, False)
+        return Plan("unsafe", py, True)
+    return Plan("unsafe", os.environ.get("VIASD_SANDBOX_PYTHON") or sys.executable, False)
 
 
 def sandbox_mode(unsafe: bool = False) -> str:
-    """``"namespace"``, or ``"unsafe"`` when isolation is unavailable and waived (else ConfigError)."""
+    """``"namespace"`` (root), ``"rootless"``, or ``"unsafe"`` when isolation is unavailable and waived
+    (else ConfigError)."""
     return _plan(unsafe).mode
+
+
+def isolation_level(unsafe: bool = False) -> str:
+    """The level samples run at here, as a scored run records it: ``root namespaces``, ``rootless
+    namespaces`` or ``unsafe`` (:mod:`viasd.tasks.sandbox_levels`); ConfigError when refused."""
+    return _plan(unsafe).level
+
+
+def levels() -> dict[str, Plan]:
+    """Every isolation level this process runs samples at, by name (the bench compares them): its
+    own isolated level (``root namespaces`` as root, ``rootless namespaces`` otherwise) when
+    available, and ``unsafe``, the floor (resource limits and the filter only). Root gets no
+    rootless level: its user namespace would map the sample to the host's root, which is no
+    measure of a user's sandbox (run the bench as that user instead)."""
+    plan, _ = _isolation()
+    out = {plan.level: plan} if plan is not None else {}
+    out[UNSAFE] = _unsafe_plan("the floor")
+    return out
 
 
 def sandbox_python(unsafe: bool = False) -> str:
@@ -243,6 +225,7 @@ def run_program(
     max_output_mb: int = 4,
     max_cpus: float = 1.0,
     unsafe: bool = False,
+    plan: Plan | None = None,
 ) -> SandboxResult:
     """Run ``code`` then ``checks`` in the sandbox; passed iff both ran to completion.
 
@@ -254,15 +237,15 @@ def run_program(
     ``max_disk_mb`` all files it writes (a tmpfs); ``max_output_mb`` its stdout+stderr.
     Never raises for anything the program does; raises a ConfigError (before running
     anything) when the sandbox is unavailable and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not
-    waive it.
+    waive it. ``plan``: run at that level instead (one of :func:`levels`; the bench).
     """
-    plan = _plan(unsafe)
+    plan = plan or _plan(unsafe)
     return _run(
         plan, code, checks, timeout_s, memory_mb, max_procs, max_file_mb, max_disk_mb, max_output_mb, max_cpus
     )
 
 
-def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, max_procs: int,
+def _run(plan: Plan, code: str, checks: str, timeout_s: float, memory_mb: int, max_procs: int,
          max_file_mb: int, max_disk_mb: int, max_output_mb: int, max_cpus: float) -> SandboxResult:  # fmt: skip
     """:func:`run_program` under ``plan``."""
     t0 = time.monotonic()
@@ -270,7 +253,7 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
     def result(status: str, reason: str, detail: str = "", peak: float | None = None) -> SandboxResult:
         return SandboxResult(status == "passed", status, reason, detail, time.monotonic() - t0, peak)
 
-    namespace = plan.mode == "namespace"
+    namespace, rootless = plan.namespaces, plan.mode == "rootless"
     workdir: str | None = None
     cg: SampleCgroup | None = None
     proc: subprocess.Popen | None = None
@@ -286,12 +269,12 @@ def _run(plan: _Plan, code: str, checks: str, timeout_s: float, memory_mb: int, 
             except OSError as e:
                 return result("error", f"could not create the sample's cgroup: {e}")
         nofile = 256 if cg or not namespace else max(16, memory_mb // max(1, max_file_mb))
-        nproc = (max_procs if cg else 1) if plan.drop_uid else -1
+        nproc = (max_procs if cg else 1) if plan.drop_uid or rootless else -1  # rootless: counted per user ns
         limits = [memory_mb * mb, nproc, max_file_mb * mb, math.ceil(timeout_s) + 1, nofile]
         try:
             bpf = filter_program().hex()
         except OSError:
-            bpf = "-"  # only in unsafe mode: namespace mode requires the filter (_isolation)
+            bpf = "-"  # only in unsafe mode: the namespace levels require the filter (_isolation)
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -366,6 +349,7 @@ def run_programs(
     workers: int | None = None,
     *,
     unsafe: bool = False,
+    plan: Plan | None = None,
     **limits: int,
 ) -> list[SandboxResult]:
     """:func:`run_program` over ``zip(codes, checks)``, ``workers`` at a time (default: CPUs, ≤ 8).
@@ -379,16 +363,17 @@ def run_programs(
         raise ValueError(f"{len(codes)} programs but {len(checks)} checks")
     if not codes:
         return []
-    if _plan(unsafe).mode != "namespace":
+    plan = plan or _plan(unsafe)
+    if not plan.namespaces:
         log.warning(
             "executing generated code WITHOUT the sandbox (%s; %s=1 or unsafe_exec=true): only resource "
-            "limits apply%s", _isolation()[1], UNSAFE_ENV,
-            "" if drops_privileges(unsafe) else "; the code runs as this user and can read its files and environment",
+            "limits apply%s", _isolation()[1] or "the unsafe level was asked for", UNSAFE_ENV,
+            "" if plan.drop_uid else "; the code runs as this user and can read its files and environment",
         )  # fmt: skip
     n = workers or min(8, os.cpu_count() or 1)
 
     def one(i: int) -> SandboxResult:
-        return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, **limits)
+        return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, plan=plan, **limits)
 
     if n <= 1 or len(codes) == 1:
         return [one(i) for i in range(len(codes))]

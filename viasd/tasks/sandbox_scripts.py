@@ -179,16 +179,19 @@ def driver_source() -> str:
 
 # Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's
 # cgroup, lower the IPC limits, build the sample's minimal root and pivot_root into it, then
-# run the driver as the fresh uid without capabilities. The minimal root is a tmpfs holding
-# read-only bind mounts of the interpreter's installation and the system directories it
-# needs ($6), the symlinks among them (merged /usr), a fresh /proc of the PID namespace, a
-# few device nodes, private size-limited tmpfs /tmp (the working directory /tmp/work, with
-# the program copied in) and /dev/shm; nothing else of the host (repository, data, home
-# directories, /run and its sockets) exists there. sh stays PID 1 (a program that kills
-# itself must not be PID 1); when it exits, the kernel kills whatever is left. $1 result fd
-# (setup failures go there), $2 uid, $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files
-# (space separated, may be empty), $6 the paths to bind (space separated); the rest is the
-# command.
+# run the driver as the fresh uid without capabilities (rootless, uid "-": the stage is root of
+# a user namespace mapping the caller, and the driver stays that uid, without capabilities).
+# The minimal root is a tmpfs holding read-only bind mounts of the interpreter's installation
+# and the system directories it needs ($6), the symlinks among them (merged /usr), a fresh
+# /proc of the PID namespace, a few device nodes, private size-limited tmpfs /tmp (the working
+# directory /tmp/work, with the program copied in) and /dev/shm; nothing else of the host
+# (repository, data, home directories, /run and its sockets) exists there. sh stays PID 1 (a
+# program that kills itself must not be PID 1); when it exits, the kernel kills whatever is
+# left. Inside a user namespace the host's mounts are locked: a read-only bind remount must
+# keep the flags of the mount it copies (nosuid, nodev, noexec, the atime mode), so rootless
+# binds repeat them (findmnt). $1 result fd (setup failures go there), $2 uid ("-": rootless),
+# $3 tmpfs size, $4 IPC byte limit, $5 cgroup.procs files (space separated, may be empty), $6
+# the paths to bind (space separated); the rest is the command.
 STAGE = r"""
 res=$1; uid=$2; size=$3; ipc=$4; cgs=$5; binds=$6; shift 6
 fail() { echo "viasd-sandbox-setup-failed: $*" > "/proc/self/fd/$res"; exit 125; }  # dash: fds > 9
@@ -206,21 +209,37 @@ mkdir -p $dirs && touch "$R/dev/null" "$R/dev/zero" "$R/dev/full" "$R/dev/random
   fail "prepare the minimal root"
 for p in $links; do ln -s "$(readlink "$p")" "$R$p" || fail "link $p"; done
 for p in $binds; do
-  if [ ! -L "$p" ] && [ -d "$p" ]; then mount -o bind,ro,nosuid,nodev "$p" "$R$p" || fail "bind $p"; fi
+  [ -L "$p" ] || [ ! -d "$p" ] && continue
+  keep=""
+  if [ "$uid" = - ]; then  # e.g. "rw,nosuid,relatime" -> ",nosuid,relatime"
+    keep=$(findmnt -n -o VFS-OPTIONS -T "$p") || fail "read the flags of $p"
+    keep=${keep#r[ow]}
+  fi
+  mount -o "bind,ro,nosuid,nodev$keep" "$p" "$R$p" || fail "bind $p"
 done
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc" || fail "mount /proc"
+if [ "$uid" = - ]; then  # rootless: the sample is the caller's uid, which may view the caller's keys there,
+  for f in keys key-users; do mount -o bind /dev/null "$R/proc/$f" || fail "hide /proc/$f"; done
+  # and root of the user namespace owning its IPC namespace, whose limits (set above) it could raise
+  mount -o bind,ro,nosuid,nodev,noexec "$R/proc/sys" "$R/proc/sys" || fail "read-only /proc/sys"
+fi
 for n in null zero full random urandom; do mount -o bind "/dev/$n" "$R/dev/$n" || fail "bind /dev/$n"; done
 ln -s /proc/self/fd "$R/dev/fd" || fail "link /dev/fd"
 mount -t tmpfs -o "size=1m,mode=1777,nosuid,nodev" tmpfs "$R/dev/shm" || fail "mount /dev/shm"
 mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$R/tmp" || fail "mount /tmp"
-mkdir -m 700 "$R/tmp/work" && cp program.py "$R/tmp/work/" && chown -R "$uid:$uid" "$R/tmp/work" ||
-  fail "prepare /tmp/work"
+mkdir -m 700 "$R/tmp/work" && cp program.py "$R/tmp/work/" || fail "prepare /tmp/work"
+[ "$uid" = - ] || chown -R "$uid:$uid" "$R/tmp/work" || fail "prepare /tmp/work"
 cd "$R" && PATH="/usr/sbin:/sbin:$PATH" pivot_root . .old && umount -l /.old && rmdir /.old || fail "pivot_root"
 mount -o remount,bind,ro,nosuid,nodev / || fail "remount / read-only"
 cd /tmp/work || fail "cd /tmp/work"
 unset OLDPWD
-setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
-  --inh-caps=-all --bounding-set=-all "$@"
+if [ "$uid" = - ]; then  # root of the user namespace, without a capability, and no way to regain one
+  setpriv --no-new-privs --inh-caps=-all --bounding-set=-all \
+    --securebits=+noroot,+noroot_locked,+no_setuid_fixup,+no_setuid_fixup_locked,+keep_caps_locked "$@"
+else
+  setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs \
+    --inh-caps=-all --bounding-set=-all "$@"
+fi
 exit $?
 """
 
@@ -258,15 +277,17 @@ def minimal_env(home: str) -> dict[str, str]:
 
 
 def namespace_prefix(
-    res_fd: int, uid: int, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str], python: str
+    res_fd: int, uid: int | None, tmpfs_mb: int, ipc_bytes: int, cgroup_procs: Sequence[str], python: str
 ) -> list[str]:
     """``unshare … sh -c STAGE`` for uid ``uid``: the command that precedes the driver in namespace mode.
 
-    ``python`` is the interpreter the driver runs with (its installation is bound into the
-    sample's minimal root).
+    ``uid`` None is the rootless level: a new user namespace mapping the caller to root comes
+    first, and the sample stays the caller's uid. ``python`` is the interpreter the driver runs
+    with (its installation is bound into the sample's minimal root).
     """
+    user = ["--user", "--map-root-user"] if uid is None else []
     return [
-        "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
-        "sh", "-c", STAGE, "viasd-sandbox", str(res_fd), str(uid), f"{tmpfs_mb}m", str(ipc_bytes),
+        "unshare", *user, "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--uts",
+        "sh", "-c", STAGE, "viasd-sandbox", str(res_fd), "-" if uid is None else str(uid), f"{tmpfs_mb}m", str(ipc_bytes),
         " ".join(cgroup_procs), " ".join(root_binds(python)),
     ]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from viasd.errors import ConfigError
 from viasd.tasks.base import TASKS, Example, Task
-from viasd.tasks.sandbox import require_isolation, sandbox_mode
+from viasd.tasks.sandbox import isolation_level, require_isolation
 
 __all__ = ["HumanEvalTask", "MbppTask", "extract_code_block"]
 
@@ -37,13 +37,19 @@ class _CodeTask(Task):
 
         Refuses when the sandbox is unavailable here, unless ``unsafe_exec: true`` or
         ``VIASD_UNSAFE_EXEC=1`` waives it (see :func:`viasd.tasks.sandbox.require_isolation`).
-        Returns how generated code will run: ``sandbox: namespace`` or ``sandbox: unsafe (waived)``.
+        Returns how generated code will run: ``sandbox: root namespaces (isolated)``, ``sandbox:
+        rootless namespaces (isolated)`` or ``sandbox: unsafe (…waived…)``.
         """
         unsafe = bool(self.cfg["unsafe_exec"])
         require_isolation(unsafe)
-        mode = sandbox_mode(unsafe)
-        return f"sandbox: {mode}" + (" (isolation unavailable, waived: generated code runs unsandboxed)"
-                                     if mode == "unsafe" else " (isolated)")
+        level = isolation_level(unsafe)
+        return f"sandbox: {level}" + (" (isolation unavailable, waived: generated code runs unsandboxed)"
+                                      if level == "unsafe" else " (isolated)")
+
+    def scoring_meta(self) -> dict[str, Any]:
+        """``{"isolation": "root namespaces" | "rootless namespaces" | "unsafe"}``: the level the
+        programs ran at (:func:`viasd.tasks.sandbox.isolation_level`)."""
+        return {"isolation": isolation_level(bool(self.cfg["unsafe_exec"]))}
 
     def postprocess(self, text: str) -> str:
         """The code in the first fenced block if there is one, else the text cut at the stop strings.

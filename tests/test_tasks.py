@@ -343,3 +343,17 @@ def test_prompt_file_errors_name_the_file_and_fix(tmp_path, filename, content, m
     with pytest.raises(ConfigError, match=match) as e:
         build_task({"name": "prompts", "path": str(path)}).examples()
     assert str(Path(path).resolve()) in str(e.value) and "task.path" in str(e.value)
+
+
+def test_the_datasets_cache_is_per_user_without_viasd_cache_dir(monkeypatch, tmp_path):
+    """Without ``VIASD_CACHE_DIR`` the datasets cache is one folder per user (a root-created shared folder
+    made every non-root user's data loading fail); with it, the folder is under it."""
+    import os
+
+    from viasd.tasks import loading
+
+    monkeypatch.delenv("VIASD_CACHE_DIR", raising=False)
+    monkeypatch.setattr(loading.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert loading._datasets_cache_dir() == str(tmp_path / f"viasd-datasets-cache-{os.getuid()}")
+    monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "c"))
+    assert loading._datasets_cache_dir() == str(tmp_path / "c" / "datasets")

@@ -278,7 +278,10 @@ def subset_rank(seed: int, key: str) -> str:
 
 
 def _datasets_cache_dir() -> str:
+    """``datasets``' cache: under ``VIASD_CACHE_DIR``, else one folder per user in the temp dir (a folder
+    another user created first is not writable: a shared one failed every second user)."""
     base = os.environ.get("VIASD_CACHE_DIR")
-    root = Path(base) / "datasets" if base else Path(tempfile.gettempdir()) / "viasd-datasets-cache"
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    root = Path(base) / "datasets" if base else Path(tempfile.gettempdir()) / f"viasd-datasets-cache-{user}"
     root.mkdir(parents=True, exist_ok=True)
     return str(root)

@@ -16,7 +16,8 @@ Markdown/LaTeX table and a figure (``figure=gates``: every gate reading with its
 run's per-example scores, :mod:`viasd.report.gates`); ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
 via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE`` replays only the problems
 the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
-counters of ``sd`` (``docs/replay.md``).
+counters of ``sd`` (``docs/replay.md``). Each ``out=`` row and the ``report=`` sources record the cost file that
+priced the frontier by hash (``docs/replay.md`` §9: ``report --check`` calls the frontier stale when it changes).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -194,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         t0, results = time.perf_counter(), []
         for p in tqdm(policies, desc=f"replay {ctl['run']}", unit="policy", disable=len(policies) < 2):
             results.append(replay(traces, p, cost, idx, ar_s))
-        for r in results:  # which measurements priced each predicted speedup
-            r["cost_file"] = str(cost.path) if cost and cost.path else None
+        record = cost.record() if cost is not None else None  # which measurements priced each predicted speedup
+        for r in results:
+            r["cost_file"], r["cost_sha256"], r["cost_pair"] = ((record["path"], record["sha256"], record["pair"])
+                                                                if record else (None, None, None))
         dt = time.perf_counter() - t0
     print(table(results))
     print(f"\n{len(results)} policies over {results[0]['n_examples']} examples of {ctl['run']} in {dt:.1f} s"
@@ -212,11 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {ctl['out']}")
     if "report" in ctl:  # DIR/NAME: the frontier as a table and a figure
         target = Path(ctl["report"])
+        replayed = {"run": ctl["run"], "command": replay_command(argv, ctl["run"]), "cost": record}
         if scored:  # figure=gates: every gate reading with quality as bounds
             paths = write_gates(results, scored[1], scored[0], target.parent, target.name, ctl["run"],
-                                ctl.get("scale", ""))
+                                ctl.get("scale", ""), replayed)
         else:
-            paths = write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", ""))
+            paths = write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", ""), replayed)
         for p in paths:
             print(f"wrote {p}")
     return 0
@@ -232,6 +237,21 @@ def _ar_scores(store: RunStores, run_id: str, summary: dict[str, Any]) -> tuple[
         raise ConfigError(f"figure=gates bounds quality by the per-example scores of {run_id}'s task metric and "
                           "this run has none; drop figure=gates for the plain frontier")
     return metric, [float(v) for v in scores]
+
+
+def replay_command(argv: list[str], run_id: str) -> str:
+    """The command line that made a frontier, to make it again (``report --check`` prints it as the fix): the
+    run id in full and paths inside the repository relative to its root (the command runs from there)."""
+    def portable(arg: str) -> str:
+        key, _, value = arg.partition("=")
+        if key == "run":
+            return f"run={run_id}"
+        if key in ("grid", "out", "report", "cost", "held_out"):
+            value = ",".join(str(Path(v).resolve().relative_to(PROJECT_ROOT)) if Path(v).is_absolute()
+                             and Path(v).resolve().is_relative_to(PROJECT_ROOT) else v for v in value.split(","))
+        return f"{key}={value}"
+
+    return "python -m experiments.replay " + " ".join(shlex.quote(portable(a)) for a in argv)
 
 
 def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, Any],

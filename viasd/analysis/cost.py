@@ -26,6 +26,7 @@ counters (calls, tokens, logits rows per model) when no trace gives each call;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import platform
@@ -38,7 +39,7 @@ import numpy as np
 from scipy.interpolate import RegularGridInterpolator, interp1d
 
 from viasd.errors import ConfigError
-from viasd.paths import COST_DIR
+from viasd.paths import COST_DIR, PROJECT_ROOT
 from viasd.utils.fs import atomic_write_json
 from viasd.utils.machine import cpu_tag
 
@@ -137,10 +138,13 @@ def from_shape_costs(doc: dict[str, Any], pair: str) -> dict[str, Any]:
 
 
 class CostModel:
-    """Every model of a pair priced from one cost file (``data``: its JSON, in the grid form)."""
+    """Every model of a pair priced from one cost file (``data``: its JSON, in the grid form; ``sha256``:
+    of the file's bytes, ``pair``: the ``viasd.cost/v1`` entry read — both set by :meth:`load`)."""
 
-    def __init__(self, data: dict[str, Any], path: Path | None = None):
+    def __init__(self, data: dict[str, Any], path: Path | None = None, sha256: str | None = None,
+                 pair: str | None = None):
         self.data, self.path, self.meta = data, path, data.get("meta", {})
+        self.sha256, self.pair = sha256, pair
         g = data["grid"]
         curve = (lambda spec: Curve(spec, g["ns"], g["contexts"], g["prefill_ns"]) if spec else None)
         self.models = {name: ModelCost(m.get("n_layers"), curve(m["native"]), curve(m.get("routed_base")),
@@ -154,13 +158,16 @@ class CostModel:
         (:func:`from_shape_costs`); one ConfigError line when the file cannot be read."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            raw = path.read_bytes()
+            data = json.loads(raw)
             if data.get("schema") == SHAPE_SCHEMA:
                 if not pair:
                     raise ConfigError(f"cost file {path} is a {SHAPE_SCHEMA} file of several pairs; name the pair "
                                       f"(cost_pair=NAME; it has {sorted(data.get('pairs') or {})})")
                 data = from_shape_costs(data, pair)
-            return cls(data, path)
+            else:
+                pair = (data.get("meta") or {}).get("pair")
+            return cls(data, path, hashlib.sha256(raw).hexdigest(), pair)
         except ConfigError:
             raise
         except (OSError, KeyError, ValueError) as e:
@@ -169,6 +176,15 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         atomic_write_json(path, self.data)
+
+    def record(self, repo: Path = PROJECT_ROOT) -> dict[str, Any]:
+        """What a frontier this model priced records of it (``docs/replay.md`` §9): ``path`` (relative to
+        ``repo`` when the file is inside it, else absolute), ``sha256`` of its bytes as loaded, and ``pair``
+        (the ``viasd.cost/v1`` entry read; a grid file's own pair)."""
+        path = None if self.path is None else Path(self.path).resolve()
+        if path is not None and path.is_relative_to(Path(repo).resolve()):
+            path = path.relative_to(Path(repo).resolve())
+        return {"path": None if path is None else str(path), "sha256": self.sha256, "pair": self.pair}
 
     def entry(self, model: str) -> ModelCost:
         if model not in self.models:

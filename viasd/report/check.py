@@ -14,7 +14,10 @@ the runner and the dry run do). Each output is
   exp, the run ids it compared), when a named run's folder is found in a run store and its
   recorded ``config.yaml``, laid over the current composition of its pair, method, drafter and
   task, no longer hashes to its id (a key the current code adds, a key it dropped, an input file
-  that changed), or the folder is not a finished run of that id;
+  that changed), or the folder is not a finished run of that id; a replayed frontier
+  (``experiments.replay … report=``) also when it is not priced by the cost file it names, as that
+  file is now — none named, outside the repository, missing, other bytes
+  (:mod:`viasd.report.frontier_cost`);
 * **not checked** when that cannot be decided here: a cell reads an input file absent on this
   machine (an offline data file without ``VIASD_DATA_DIR``, a prompt file, a DIMR mask neither
   searched here nor published), so its run id is unknown; a ``mask: auto`` cell reads a mask only
@@ -54,6 +57,7 @@ from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity, input_files
 from viasd.paths import PROJECT_ROOT, data_dir
 from viasd.report.build import REPORTS, scales
+from viasd.report.frontier_cost import frontier_problem, is_frontier
 from viasd.tracking.store import RENAMED_METHODS, run_id_for
 
 __all__ = ["FRESH", "STALE", "UNCHECKED", "Verdict", "Cell", "composed_cells", "expected_cells", "check_tree",
@@ -315,8 +319,16 @@ def default_stores(runs: str | Path) -> list[Path]:
     return [Path(runs)] + ([results] if results.is_dir() else [])
 
 
-def check_tree(roots: list[Path], stores: list[Path]) -> tuple[list[Verdict], list[Path]]:
-    """Verdicts of every output under ``roots`` and the benchmark outputs skipped (no sources)."""
+def _check_frontier(path: Path, files: list[str], src: dict[str, Any], repo: Path) -> Verdict | None:
+    """A replayed frontier not priced by the cost file it names, as that file is now: stale
+    (:mod:`viasd.report.frontier_cost`); None otherwise (then checked as a compared output: its run)."""
+    problem = frontier_problem(path, src, repo) if is_frontier(path, src) else None
+    return Verdict(path, files, STALE, *problem) if problem else None
+
+
+def check_tree(roots: list[Path], stores: list[Path], repo: Path = PROJECT_ROOT) -> tuple[list[Verdict], list[Path]]:
+    """Verdicts of every output under ``roots`` and the benchmark outputs skipped (no sources); ``repo``:
+    the repository a frontier's cost file must lie in."""
 
     def _do() -> tuple[list[Verdict], list[Path]]:
         verdicts, skipped, cache = [], [], {}
@@ -335,7 +347,8 @@ def check_tree(roots: list[Path], stores: list[Path]) -> tuple[list[Verdict], li
                     verdicts.append(Verdict(path, files, STALE, f"no sources file ({sources.name}): nothing "
                                             "names the runs it was built from", fix))
                 elif not is_exp:
-                    verdicts.append(_check_compared(path, files, json.loads(sources.read_text()), stores))
+                    src = json.loads(sources.read_text())
+                    verdicts.append(_check_frontier(path, files, src, repo) or _check_compared(path, files, src, stores))
                 elif not (CONF_DIR / "scale" / name / f"{scale}.yaml").is_file():
                     verdicts.append(Verdict(path, files, STALE, f"exp {name} has no {scale} scale "
                                             f"(conf/scale/{name}/{scale}.yaml)", f"delete {path}.*"))

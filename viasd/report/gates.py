@@ -12,6 +12,7 @@ margin-searched mask, learned gates (by λ) and the oracle bound.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 
 from viasd.analysis.stats import quality_bounds
 from viasd.report.common import save_figure, write_table
+from viasd.report.replayed import priced_by
+from viasd.utils.fs import atomic_write_json
 
 HEADER = ["policy", "gate reading", "predicted speedup", "quality bound [lo, hi]", "problems diverged",
           "divergences / 100 tokens", "tier 1 / 2 / 3"]
@@ -80,12 +83,14 @@ def best_points(rows: list[dict[str, Any]], ar_quality: float) -> dict[str, dict
 
 
 def write_gates(results: list[dict[str, Any]], ar_scores: list[float], metric: str, out: Path, name: str,
-                run_id: str, scale: str = "") -> list[str]:
+                run_id: str, scale: str = "", replayed: dict[str, Any] | None = None) -> list[str]:
     """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources): every replayed policy's predicted speedup
     and quality bound, grouped by gate reading, beside the lossless methods and ``ar``.
 
     ``results``: :func:`viasd.analysis.replay.replay` outputs over ``run_id``'s trajectory (with
-    ``replayed_examples``/``diverged_examples``); ``ar_scores``: that run's per-example ``metric`` (0–100).
+    ``replayed_examples``/``diverged_examples``); ``ar_scores``: that run's per-example ``metric`` (0–100);
+    ``replayed``: the replay command and cost file, kept in the sources as a frontier's are
+    (:func:`viasd.report.replayed.write_frontier`), so ``report --check`` holds it to its cost file.
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -106,8 +111,8 @@ def write_gates(results: list[dict[str, Any]], ar_scores: list[float], metric: s
             f"figure=gates`, docs/replay.md): no decoding. ar's {metric} on these problems: {ar_q:.1f}. Quality "
             f"bound: a problem the policy never left ar's trajectory on scores as ar did; a diverged one is unknown "
             f"until decoded (0–100). Predicted speedup: the cost model's, against ar replayed on the same trajectory. "
-            f"The fastest policy per reading whose floor is ar's {metric} (no problem ar solved can be lost):\n\n"
-            + "\n".join(lines))
+            f"{priced_by((replayed or {}).get('cost')).strip()} The fastest policy per reading whose floor is ar's "
+            f"{metric} (no problem ar solved can be lost):\n\n" + "\n".join(lines))
     runs = [{"run_id": run_id, "ar": None, "ar_command": None}]
     paths = write_table(out, name, f"Gate readings replayed ({len(results)} policies)", HEADER, table, runs, [],
                         note, scale)
@@ -141,4 +146,7 @@ def write_gates(results: list[dict[str, Any]], ar_scores: list[float], metric: s
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     ax.set_title(f"gate readings replayed over {run_id} ({n} problems)", fontsize=8)
     fig.tight_layout()
-    return paths + save_figure(fig, out, name, runs, [], scale)
+    paths += save_figure(fig, out, name, runs, [], scale)
+    sources = out / f"{name}.sources.json"
+    atomic_write_json(sources, {**json.loads(sources.read_text()), "replay": replayed})
+    return paths

@@ -10,11 +10,13 @@ coloured by deferral rule; their tier 1 is the tokens the rule kept from the dra
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 from viasd.report.common import save_figure, write_table
+from viasd.utils.fs import atomic_write_json
 
 HEADER = ["policy", "predicted speedup", "target calls / token", "tier 1 / 2 / 3", "tier-1 precision [95% CI] (n)",
           "tier-2 precision [95% CI] (n)", "divergences / 100 tokens", "tokens to first divergence", "exact"]
@@ -79,8 +81,14 @@ def _tier2_off(r: dict[str, Any]) -> bool:
     return any(o.startswith("method.tau_slim=") and float(o.split("=", 1)[1]) > 1 for o in r.get("overrides", []))
 
 
-def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: str, scale: str = "") -> list[str]:
-    """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources) of a replayed frontier under ``out``."""
+def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: str, scale: str = "",
+                   replayed: dict[str, Any] | None = None) -> list[str]:
+    """Write ``name.md``/``.tex``/``.png``/``.pdf`` (+ sources) of a replayed frontier under ``out``.
+
+    ``replayed``: ``{"run", "command", "cost"}`` — the traced run, the replay command that made it and the
+    cost file that priced it (:meth:`~viasd.analysis.cost.CostModel.record`: path, sha256, pair; None without
+    one), kept in ``name.sources.json`` under ``"replay"`` for ``report --check`` (:mod:`viasd.report.frontier_cost`).
+    """
     import matplotlib.pyplot as plt
 
     rows = [[r["method"], r.get("predicted_speedup", math.nan), r.get("target_calls_per_token"), _share(r),
@@ -93,7 +101,7 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
             "trajectory (load-free). Precision: share of a tier's tokens equal to the target's greedy token, Wilson "
             "95% interval and n tokens. A policy is exact up to its first divergence from the trajectory. "
             "faster_cascades: tier 1 = tokens its deferral rule kept from the drafter (π = p), tier 3 = from the "
-            "target.")
+            "target." + priced_by((replayed or {}).get("cost")))
     paths = write_table(out, name, f"Replayed frontier ({len(results)} policies)", HEADER, rows, runs, [], note, scale)
     from matplotlib.lines import Line2D
 
@@ -143,4 +151,15 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     fig.suptitle(f"replayed frontier over {run_id}", fontsize=8)
     fig.tight_layout()
-    return paths + save_figure(fig, out, name, runs, [], scale)
+    paths += save_figure(fig, out, name, runs, [], scale)
+    sources = out / f"{name}.sources.json"
+    atomic_write_json(sources, {**json.loads(sources.read_text()), "replay": replayed})
+    return paths
+
+
+def priced_by(cost: dict[str, Any] | None) -> str:
+    """The note's sentence naming the cost file that priced a frontier (its sha256 abbreviated)."""
+    if not cost:
+        return " No cost file priced it: no predicted speedups."
+    pair = f", pair {cost['pair']}" if cost.get("pair") else ""
+    return f" Priced by the cost file `{cost['path']}` (sha256 {str(cost['sha256'])[:12]}…{pair})."

@@ -1,5 +1,6 @@
 """``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
-[examples=N] [cost=auto|none|PATH [cost_pair=NAME]] [oracle=true] [held_out=GATE] [runs_dir=…]``
+[examples=N] [cost=auto|none|PATH [cost_pair=NAME]] [oracle=true] [held_out=GATE] [figure=frontier|gates]
+[runs_dir=…]``
 
 Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
 each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
@@ -11,7 +12,8 @@ checked against its counters. Per policy it prints tier shares, calls per model,
 precision with Wilson 95% intervals, divergences from the trajectory and the cost model's
 predicted speedup over ``ar`` on the same trajectory; ``out=FILE.json`` writes one object per
 policy with a run's ``summary.json`` counter keys; ``report=DIR/NAME [scale=S]`` writes the frontier as a
-Markdown/LaTeX table and a figure; ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
+Markdown/LaTeX table and a figure (``figure=gates``: every gate reading with its quality as bounds from the
+run's per-example scores, :mod:`viasd.report.gates`); ``oracle=true`` adds the oracle bound (``method.gate=oracle``) of each
 via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE`` replays only the problems
 the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
 counters of ``sd`` (``docs/replay.md``). Each ``out=`` row and the ``report=`` sources record the cost file that
@@ -41,7 +43,7 @@ from tqdm.auto import tqdm
 import viasd.harness  # noqa: F401  (registers the config schemas the method YAMLs extend)
 from experiments.trace import argv_or_help
 from viasd.analysis.cost import CostModel, find_cost
-from viasd.analysis.paired import resolve_run_id
+from viasd.analysis.paired import load_run, resolve_run_id
 from viasd.analysis.replay import Policy, TraceSet, replay
 from viasd.analysis.trace import slim_key, trace_dir
 from viasd.errors import ConfigError, one_line_errors
@@ -49,12 +51,14 @@ from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
 from viasd.methods.gate_file import load_gate
 from viasd.paths import PROJECT_ROOT, runs_dir
+from viasd.report.gates import write_gates
 from viasd.report.replayed import write_frontier
+from viasd.tracking.baseline import quality
 from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
 CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "cost_pair", "runs_dir", "oracle",
-           "held_out")
+           "held_out", "figure")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -177,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             policies = policies_for(groups)
         if ctl.get("oracle", "false").lower() in ("true", "1", "yes"):
             policies += oracle_policies(policies)
+        if ctl.get("figure", "frontier") not in ("frontier", "gates"):
+            raise ConfigError(f"figure={ctl['figure']!r}: use figure=frontier (default) or figure=gates")
+        scored = _ar_scores(store, ctl["run"], summary) if ctl.get("figure") == "gates" else None
         cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()),
                      ctl.get("cost_pair"))
         n = int(ctl["examples"]) if "examples" in ctl else None
@@ -210,9 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     if "report" in ctl:  # DIR/NAME: the frontier as a table and a figure
         target = Path(ctl["report"])
         replayed = {"run": ctl["run"], "command": replay_command(argv, ctl["run"]), "cost": record}
-        for p in write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", ""), replayed):
+        if scored:  # figure=gates: every gate reading with quality as bounds
+            paths = write_gates(results, scored[1], scored[0], target.parent, target.name, ctl["run"],
+                                ctl.get("scale", ""), replayed)
+        else:
+            paths = write_frontier(results, target.parent, target.name, ctl["run"], ctl.get("scale", ""), replayed)
+        for p in paths:
             print(f"wrote {p}")
     return 0
+
+
+def _ar_scores(store: RunStores, run_id: str, summary: dict[str, Any]) -> tuple[str, list[float]]:
+    """The traced run's primary metric and its per-example scores in trajectory order (one error line
+    when the run has no scores: the gate figure bounds quality by them)."""
+    metric, _ = quality(summary)
+    examples = load_run(store, run_id)["examples"]
+    scores = [(e.get("score") or {}).get(metric) for e in examples]
+    if not metric or any(v is None for v in scores):
+        raise ConfigError(f"figure=gates bounds quality by the per-example scores of {run_id}'s task metric and "
+                          "this run has none; drop figure=gates for the plain frontier")
+    return metric, [float(v) for v in scores]
 
 
 def replay_command(argv: list[str], run_id: str) -> str:

@@ -53,6 +53,8 @@ def test_mask_source_names_every_kind():
     slim = SlimConfig(mask="auto", keep_ratio=0.8)
     smollm2 = OmegaConf.to_container(OmegaConf.load(CONF / "pair" / "smollm2.yaml"))["options"]
     assert mask_source("smollm2", smollm2, SlimConfig(mask="auto", keep_ratio=0.7)).kind == "shipped"
+    margin = mask_source("smollm2", smollm2, SlimConfig(mask="auto", keep_ratio=0.7, objective="margin"))
+    assert margin.kind == "search" and "search.objective=margin" in margin.detail  # shipped masks are KL's
     assert mask_source("smollm2", smollm2, slim).kind == "published"  # results/runs/_masks/smollm2/keep0.80-kl.json
     assert mask_source("tiny-llama", {"slim_fallback": "every_other"}, slim).describe() == \
         "pair fallback: every_other (pair.options.slim_fallback)"

@@ -357,7 +357,8 @@ def replay(traces: TraceSet, policy: Policy, cost: CostModel | None = None, exam
     """Replay ``policy`` over ``examples`` (default: all) → a summary with a run's counter keys plus
     ``tier_share/*``, ``precision/tier{k}`` (share of its tokens equal to the target's greedy token,
     Wilson 95% ``_lo``/``_hi``), ``divergences_per_100``, ``tokens_to_first_divergence`` (mean per
-    example), ``predicted_*`` (with a cost model; ``predicted_speedup`` over ``ar_seconds``) and
+    example), ``replayed_examples`` and ``diverged_examples`` (trajectory indices replayed, and those with a
+    divergence: their quality is unknown until decoded), ``predicted_*`` (with a cost model; ``predicted_speedup`` over ``ar_seconds``) and
     ``exact``/``estimated`` (which counters are estimates)."""
     idx = list(range(traces.n_examples)) if examples is None else examples
     temperature = float(traces.meta.get("temperature", 0.0))
@@ -382,6 +383,8 @@ def replay(traces: TraceSet, policy: Policy, cost: CostModel | None = None, exam
     new = out.get("new_tokens", 0)
     out["divergences_per_100"] = 100 * out.get("replay/divergences", 0) / new if new else math.nan
     out["tokens_to_first_divergence"] = out.get("replay/tokens_to_first_divergence", 0) / max(1, len(idx))
+    out["replayed_examples"] = list(idx)  # which trajectory examples were replayed, and which of them left it
+    out["diverged_examples"] = [i for i, r in zip(idx, results) if r.counters.tiers.get("replay/divergences")]
     cascade = policy.method == "cascade_sd" or getattr(getattr(policy.cfg, "drafter", None), "name", "") == "cascade"
     confidence = getattr(getattr(policy.cfg, "drafter", None), "length_policy", "") == "confidence"
     out["estimated"] = sorted(k for k in out if (cascade or confidence) and (k in ESTIMATES or "_for_" in k

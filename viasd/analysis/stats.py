@@ -11,7 +11,9 @@ comparison of a run with its ``ar`` run pairs the two on the examples they share
 * :func:`speedup_ci` — the speedup over ``ar`` on the shared examples (total tokens / total seconds
   against ``ar``'s) with a bootstrap 95% interval over examples;
 * :func:`wilson` — the Wilson 95% interval of a proportion (``binomtest(...).proportion_ci``);
-* :func:`mean_ci` — a mean with its bootstrap 95% interval (KL geometry over calibration texts).
+* :func:`mean_ci` — a mean with its bootstrap 95% interval (KL geometry over calibration texts);
+* :func:`quality_bounds` — what a replayed lossy policy's quality can be: problems that never left the
+  ``ar`` trajectory score as ``ar`` did, a diverged one anywhere in the metric's range.
 """
 
 from __future__ import annotations
@@ -123,3 +125,21 @@ def mean_ci(values) -> Paired:
         return Paired(0, math.nan, test="bootstrap")
     lo, hi = _bootstrap((data,), lambda x, axis: x.mean(axis=axis))
     return Paired(len(data), float(data.mean()), lo, hi, test="bootstrap over texts")
+
+
+def quality_bounds(ar_scores: list[float], diverged: set[int], floor: float = 0.0, ceiling: float = 100.0
+                   ) -> tuple[float, float]:
+    """The lowest and highest mean score a policy replayed over ``ar``'s trajectory can have.
+
+    ``ar_scores``: per-example scores of the ``ar`` run (length n, in trajectory order); ``diverged``:
+    indices of the examples the policy left the trajectory on. An example that never diverges emits
+    ``ar``'s tokens, so it scores as ``ar`` did; a diverged one is unknown until decoded: ``floor`` in the
+    lower bound, ``ceiling`` in the upper (the tasks' per-example scores are percentages, 0–100).
+    Returns (lo, hi); both equal ``ar``'s mean when nothing diverged.
+    """
+    n = len(ar_scores)
+    if n == 0:
+        return math.nan, math.nan
+    kept = sum(s for i, s in enumerate(ar_scores) if i not in diverged)
+    k = sum(1 for i in range(n) if i in diverged)
+    return (kept + k * floor) / n, (kept + k * ceiling) / n

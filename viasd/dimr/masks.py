@@ -12,7 +12,8 @@ file), a path, an explicit mask, or an ablation name (``random``, ``first_k``, `
 
 ``auto`` never falls back silently: it reads the searched artifact (:func:`find_mask`: the cached
 one, else the published one; both, with other bytes, is a ConfigError), else the pair's shipped
-layer list (``pair.options.slim_layers``; whole layers only), else the ablation the pair config
+layer list (``pair.options.slim_layers``; whole layers, searched for KL: another objective never reads
+it), else the ablation the pair config
 names as its fallback (``pair.options.slim_fallback``; the tiny random pairs name
 ``every_other``, since a search over random weights means nothing), else it stops with one line
 naming the search command. :func:`mask_source` makes that decision from the configs alone (dry
@@ -292,7 +293,8 @@ def mask_source(pair_name: str, options: Mapping[str, Any] | None, slim_cfg, sca
     found = find_mask(pair_name, ratio, slim_cfg.objective, space)
     if found is not None:
         return MaskSource(found[0], str(found[1]))
-    if space == "layers" and (options.get("slim_layers") or {}).get(f"{ratio:.2f}") is not None:
+    shipped = (options.get("slim_layers") or {}).get(f"{ratio:.2f}")
+    if space == "layers" and slim_cfg.objective == "kl" and shipped is not None:  # shipped masks are KL searches
         return MaskSource("shipped", f"pair.options.slim_layers['{ratio:.2f}']")
     fallback = options.get("slim_fallback")
     if fallback is not None:

@@ -94,7 +94,8 @@ def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str
     read one keep their id when a pair config ships a new mask."""
     slim = OmegaConf.select(cfg, "method.slim", default=None)
     if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto" or \
-            str(slim.get("space", "layers")) != "layers":  # pairs ship whole-layer masks only
+            str(slim.get("space", "layers")) != "layers" or str(slim.get("objective", "kl")) != "kl":
+        # pairs ship whole-layer masks of the KL objective only (viasd.dimr.masks.mask_source)
         return {}
     shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
     layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")

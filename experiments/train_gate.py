@@ -1,11 +1,13 @@
 """``python -m experiments.train_gate run=<ar run id> mask=<mask> [out=gate.pt] [lam=0.5|[0.3,0.5,0.7]]
-[transfer=<run id>] [gamma=4] [test=0.25] [topk=8] [gate_temperature=1.0] [seed=0] [min_rows=50] [runs_dir=…]``
+[transfer=<run id>] [gamma=4] [test=0.25] [live=N] [topk=8] [gate_temperature=1.0] [seed=0] [min_rows=50]
+[runs_dir=…]``
 
 Trains the learned VIA-SD gate (``method.gate=learned``, :mod:`viasd.core.gate`) on a traced run
 (``python -m experiments.trace run=<id> masks=[<mask>]`` first; the draft must be traced): labels
 from the trace (is the slim verifier's greedy token the target's?), a logistic regression weighted
 by ``λ`` (each value of a list is one gate, ``out`` gets ``-lam<λ>`` per value), train/test split
-by problem (``test``: held-out share) and, with ``transfer=<run id>`` (another task, same pair and
+by problem (``test``: held-out share; ``live=N`` holds out at least the ``N`` problems a live decode with
+``task.n_examples=N`` of the run's task runs, so the gate can be decoded on problems it never saw) and, with ``transfer=<run id>`` (another task, same pair and
 traced mask), a transfer row scored on all of that run's problems. Prints the held-out metrics;
 the gate file records the pair, mask, features, λ, the trace and those metrics (``docs/method.md``).
 """
@@ -27,6 +29,7 @@ from viasd.analysis.trace import slim_key, trace_dir
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.gate_file import save_gate
 from viasd.paths import runs_dir
+from viasd.tasks.base import build_task
 from viasd.tracking.store import RunStores
 
 
@@ -41,6 +44,7 @@ class TrainArgs:
     transfer: str | None = None
     gamma: int = 4
     test: float = 0.25
+    live: int | None = None
     topk: int = 8
     gate_temperature: float = 1.0
     seed: int = 0
@@ -60,6 +64,20 @@ def traces_of(store, run: str) -> tuple[str, TraceSet]:
     return rid, traces
 
 
+def live_problems(store, rid: str, n: int) -> list[int]:
+    """The trajectory indices of the problems ``task.n_examples=n`` of run ``rid``'s task decodes (its seeded
+    subset is a prefix-stable choice by example id, so they are among the run's own problems)."""
+    found = store.find(rid)
+    task = dict(found["config"]["task"], n_examples=int(n))
+    ids = [e.id for e in build_task(task).examples()]
+    order = {e["id"]: i for i, e in enumerate(store.examples(rid))}
+    missing = [i for i in ids if i not in order]
+    if missing:
+        raise ConfigError(f"live={n}: problems {missing[:3]} of the live subset are not in run {rid}; "
+                          f"use live= at most the run's task.n_examples")
+    return sorted(order[i] for i in ids)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = argv_or_help(argv, __doc__)
     if argv is None:
@@ -76,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         rid, traces = traces_of(store, args.run)
         slim_file, _ = traces.file(spec), traces.file("draft")  # each missing trace: one line naming the command
         data = labelled(traces, "draft", spec, args.gamma, args.topk, args.gate_temperature)
-        train, held = split_problems(traces.n_examples, args.test, args.seed)
+        keep_out = live_problems(store, rid, args.live) if args.live else None
+        train, held = split_problems(traces.n_examples, args.test, args.seed, keep_out)
         other = None
         if args.transfer:
             orid, otraces = traces_of(store, args.transfer)

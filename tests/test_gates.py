@@ -26,6 +26,13 @@ from viasd.methods.api import decode, method_config
 from viasd.methods.gate_file import load_gate, save_gate
 
 MASK = [0, 1, 3]
+
+
+def runs_dir_stores():
+    from viasd.paths import runs_dir
+    from viasd.tracking.store import RunStores
+
+    return RunStores.default(runs_dir())
 GEN = {"max_new_tokens": 16, "ignore_eos": True}
 
 
@@ -148,8 +155,15 @@ def test_train_gate_command_and_a_learned_gate_replays_its_own_decode(runs_dir, 
     assert g3.meta["lam"] == 0.3 and g3.meta["trace"]["run_id"] == rid and g3.meta["layers"] == MASK
     assert not set(g3.meta["train_problems"]) & set(g3.meta["test_problems"])
     assert float(g7.intercept) < float(g3.intercept)  # a larger λ weighs wrong trusts more: fewer trusts
+    live = tmp_path / "live.pt"  # live=2: the problems `task.n_examples=2` decodes are held out, whatever the draw
+    assert train_cmd.main([f"run={rid}", "mask=[0,1,3]", f"out={live}", "min_rows=10", "live=2", "test=0.2"]) == 0
+    from experiments.train_gate import live_problems
+
+    two = live_problems(runs_dir_stores(), rid, 2)
+    assert len(two) == 2 and set(two) <= set(load_gate(live).meta["test_problems"])
+    assert not set(two) & set(load_gate(live).meta["train_problems"])
     for bad, msg in ((["lam=1.5"], "lam must be in"), (["mask=[0,2]"], "no trace of 'layers:0,2'"),
-                     (["min_rows=100000"], "too few labelled rounds")):
+                     (["min_rows=100000"], "too few labelled rounds"), (["live=6"], "leaves none to train on")):
         with pytest.raises(SystemExit):
             train_cmd.main([f"run={rid}", "mask=[0,1,3]", f"out={out}", *bad])
         assert msg in capsys.readouterr().err

@@ -54,14 +54,25 @@ def labelled(traces, p_spec: str, q_spec: str, gamma: int, topk: int, temperatur
     return Labelled(np.concatenate(xs), np.concatenate(ys), np.concatenate(ps))
 
 
-def split_problems(n_examples: int, test: float, seed: int) -> tuple[list[int], list[int]]:
-    """``(train, test)`` example indices, disjoint (``test``: the held-out share, at least one each)."""
+def split_problems(n_examples: int, test: float, seed: int, keep_out: list[int] | None = None
+                   ) -> tuple[list[int], list[int]]:
+    """``(train, test)`` example indices, disjoint (``test``: the held-out share, at least one each).
+
+    ``keep_out``: indices that must be held out (e.g. the problems a live decode will run the gate on);
+    the rest of the held-out share is drawn from the others.
+    """
     if n_examples < 2:
         raise ConfigError(f"a train/test split by problem needs >= 2 traced problems (got {n_examples}); "
                           "trace a run with more examples")
-    train, held = train_test_split(list(range(n_examples)), test_size=max(1, round(test * n_examples)),
-                                   random_state=seed)
-    return sorted(train), sorted(held)
+    must = sorted(set(keep_out or []))
+    size = max(1, round(test * n_examples), len(must))
+    if size >= n_examples:
+        raise ConfigError(f"holding out {size} of {n_examples} problems leaves none to train on; lower test= or live=")
+    rest = [i for i in range(n_examples) if i not in set(must)]
+    if size == len(must):
+        return rest, must
+    train, held = train_test_split(rest, test_size=size - len(must), random_state=seed)
+    return sorted(train), sorted(held + must)
 
 
 def fit(data: Labelled, lam: float, min_rows: int) -> dict[str, Any]:

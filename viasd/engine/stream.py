@@ -43,11 +43,13 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel, StaticCache
 
+from viasd.engine.compiled import compiled, rewind
 from viasd.engine.paths import embed, head, is_encoder_decoder, make_path, routed_forward, run_units
 from viasd.engine.routing import all_units, unit_index
 from viasd.engine.syncs import ForwardClock, HostTokens, common_prefix, cuda_devices, match_length  # noqa: F401
+from viasd.errors import ConfigError
 
 
 @dataclass
@@ -94,7 +96,10 @@ def fresh_cache(model: PreTrainedModel):
 
 
 def crop_cache(cache, length: int) -> None:
-    """Crop every layer of ``cache`` (its self-attention part) to an absolute ``length`` tokens."""
+    """Crop every layer of ``cache`` (its self-attention part) to an absolute ``length`` tokens (a static
+    cache: move its write position, :func:`~viasd.engine.compiled.rewind`)."""
+    if isinstance(cache, StaticCache):
+        return rewind(cache, length)
     for layer in getattr(cache, "self_attention_cache", cache).layers:
         if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
             continue
@@ -225,7 +230,8 @@ class Stream:
         self.host = HostTokens()  # their values on the host
         self.clock = ForwardClock(model)
         self.encoder_outputs = None
-        self.cache = fresh_cache(model)
+        self.compiled = compiled(model)  # +pair.compile=true: a static cache and the compiled forward
+        self.cache = self.compiled.take(self) if self.compiled is not None else fresh_cache(model)
         if self.is_encoder_decoder:
             with torch.inference_mode():
                 t0 = self.clock.start()
@@ -236,7 +242,7 @@ class Stream:
         if prefix is not None:
             prefix.streams.append(self)
         if start is not None:
-            if start.model is not model or start.plan != plan or prefix is not None:
+            if start.model is not model or start.plan != plan or prefix is not None or self.compiled is not None:
                 raise ValueError("a stream starts from a prefix KV of its own model and plan (and no shared prefix)")
             self.cache, self.tokens = start.cache(), start.tokens
             self.host.known, self.host.length = list(start.host), len(start.host)
@@ -274,6 +280,8 @@ class Stream:
         """Logits ``[1, last, V]`` after feeding ``seq[:, keep:]``, and the layer-tokens it ran."""
         new = seq[:, keep:]
         n = new.shape[1]
+        if self.compiled is not None:
+            return self._compiled_forward(seq, new, last), float(n * layer_count(self.model))
         if self.prefix is not None:
             units = [u for u in (self.plan.units() if self.plan is not None else all_units(layer_count(self.model)))
                      if unit_index(u) >= self.prefix.boundary]
@@ -291,6 +299,18 @@ class Stream:
             return out.logits[:, -last:], float(n * layer_count(self.model))
         out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last)
         return out.logits, float(n * layer_count(self.model))
+
+    def _compiled_forward(self, seq: torch.Tensor, new: torch.Tensor, last: int) -> torch.Tensor:
+        """Logits ``[1, last, V]`` of the compiled forward over ``new`` (the static cache holds the rest)."""
+        if self.plan is not None or self.prefix is not None:
+            raise ConfigError(f"+pair.compile=true runs the model's own forward; the {self.name} stream routes it "
+                              "(a slim verifier or self drafter): use ar, sd or cascade_sd, or set +pair.compile=false")
+        self.compiled.check(self)
+        if seq.shape[1] > self.compiled.cache_len:
+            raise ConfigError(f"the sequence ({seq.shape[1]} tokens) outgrows the static cache of "
+                              f"{self.compiled.cache_len}: set +pair.compile_cache_len={2 * seq.shape[1]}")
+        forward = self.compiled.forward if self.length else self.model.forward  # the prefill runs eager
+        return forward(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last).logits
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, last: int = 1, host: list[int] | None = None) -> torch.Tensor:

@@ -213,7 +213,8 @@ def main(cfg: DictConfig) -> None:
     import transformers
 
     from viasd.config import GenerationConfig
-    from viasd.harness.bench import Variant, format_table, run_bench, write_json
+    from viasd.harness.bench import COLUMNS, Variant, format_table, run_bench, write_json
+    from viasd.harness.host_syncs import SYNC_COLUMNS, add_host_syncs, host_sync_rows
     from viasd.models.pairs import load_pair
 
     transformers.logging.set_verbosity_error()
@@ -232,11 +233,13 @@ def main(cfg: DictConfig) -> None:
         gen = GenerationConfig(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                                ignore_eos=True)
         rows = run_bench(pair, prompts, variants, gen, warmup=int(cfg.warmup), seed=int(cfg.seed))
+        if cfg.get("host_syncs", True):  # untimed decodes counting device->host reads (viasd.harness.host_syncs)
+            rows = add_host_syncs(rows, host_sync_rows(pair, prompts, variants, gen, seed=int(cfg.seed)))
     runtime = pair.extras["runtime"]
     print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={cfg.threads} "
           f"prompts={len(prompts)} "
           f"max_new_tokens={cfg.max_new_tokens} gamma={cfg.gamma}")
-    print(format_table(rows))
+    print(format_table(rows, COLUMNS + (SYNC_COLUMNS if cfg.get("host_syncs", True) else [])))
     write_json(cfg.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "gamma": cfg.gamma,
                                "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
                                "runtime": runtime})

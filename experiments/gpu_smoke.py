@@ -9,8 +9,17 @@ built on the device in the given dtype, and for a handful of prompts it checks
 * the routed slim verifier (a DIMR ``every_other`` mask through the target's own layers) runs
   with the tiers on and is used, and with ``mask=full``, tier 1 off and tier 2 always on (every token is the slim = full model's argmax) it is still == ``ar``;
 
-then prints one timing table (new tokens/s per pair and method). It exits 0 when every check
-passes and 1 otherwise. ``--device cpu`` runs the same checks on the CPU (the project's tests run
+then prints one timing table (new tokens/s per pair and method, host syncs per token counted in
+one more, untimed decode: :mod:`viasd.engine.syncs`). Two more sections:
+
+* ``split``: ``ar``, ``sd`` and ``cascade_sd`` with tiny-llama's target split by an explicit device
+  map (embeddings and the first half of the layers on ``--device``, the rest, the norm and the LM
+  head on ``--split-to``, default ``cpu``), in float32, == the unsplit ``ar`` run;
+* ``compiled`` (``--compile inductor``, the default on cuda): ``ar`` and ``sd`` with
+  ``+pair.compile=true`` (static KV cache + ``torch.compile``) == eager ``ar``, their tokens/s next
+  to the eager rows (pairs the compiled path refuses are listed, not failed).
+
+It exits 0 when every check passes and 1 otherwise. ``--device cpu`` runs the same checks on the CPU (the project's tests run
 it that way as a self-check of the script).
 
 ``--paper-shapes`` instead builds the paper pairs' models (``conf/paper_shapes.yaml``) with random
@@ -33,6 +42,9 @@ from pathlib import Path
 
 import torch
 
+from viasd.engine.routing import num_layers
+from viasd.engine.syncs import HostSyncs
+from viasd.errors import ConfigError
 from viasd.harness.shape_costs import CONTEXTS, SEARCH_BATCH, SEARCH_SEQ, cost_table, measure
 from viasd.methods.api import decode
 from viasd.models.pairs import load_pair, resolve_dtype
@@ -64,6 +76,7 @@ class SmokeRow:
     seconds: float
     ok: bool
     detail: str = ""
+    syncs_per_token: float = float("nan")
 
 
 NEAR_TIE = 0.03  # relative top-2 logit gap within which reduced precision may pick either token
@@ -161,18 +174,82 @@ def smoke(device: str, dtype: str, n_prompts: int, max_new_tokens: int) -> list[
                 ok, detail = _compare(pair, prompts, outs, ref, exact=dtype == "float32")
             elif label == "viasd_routed":
                 ok, detail = slim_used > 0, f"slim tier decisions: {slim_used}"
-            rows.append(SmokeRow(name, label, sum(len(o) for o in outs), secs, ok, detail))
+            rows.append(SmokeRow(name, label, sum(len(o) for o in outs), secs, ok, detail,
+                                 syncs_per_token(pair, prompts[0], method, cfg, gen)))
         del pair
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
 
 
+def syncs_per_token(pair, ids: torch.Tensor, method: str, cfg, gen) -> float:
+    """Host syncs per generated token of one more (untimed) decode of ``ids``."""
+    with HostSyncs() as syncs:
+        res = decode(pair, ids, method, cfg, gen)
+    return syncs.count / max(1, res.new_tokens)
+
+
+def _timed(pair, prompts, method, cfg, gen, device) -> tuple[list[list[int]], float]:
+    t0 = time.perf_counter()
+    outs = [decode(pair, ids, method, cfg, gen).tokens for ids in prompts]
+    _sync(device)
+    return outs, time.perf_counter() - t0
+
+
+def split_smoke(device: str, split_to: str, n_prompts: int, max_new_tokens: int) -> list[SmokeRow]:
+    """Lossless methods with tiny-llama's target split between ``device`` and ``split_to`` by an
+    explicit device map (float32) == the unsplit ``ar`` run."""
+    from accelerate import dispatch_model
+
+    gen = {"max_new_tokens": max_new_tokens, "ignore_eos": True}
+    pair = load_pair("tiny-llama", device=device, dtype="float32")
+    prompts = [pair.encode(p) for p in PROMPTS[:n_prompts]]
+    ref, _ = _timed(pair, prompts, "ar", None, gen, device)
+    n = num_layers(pair.target)
+    dmap = {"model.embed_tokens": device, "model.rotary_emb": device, "model.norm": split_to, "lm_head": split_to,
+            **{f"model.layers.{i}": device if i < n // 2 else split_to for i in range(n)}}
+    pair.target = dispatch_model(pair.target, device_map=dmap)
+    rows = []
+    for label, (method, cfg) in {"ar": ("ar", None), "sd": ("sd", {"gamma": 4}), "cascade_sd": ("cascade_sd", None)}.items():
+        outs, secs = _timed(pair, prompts, method, cfg, gen, device)
+        ok, detail = _compare(pair, prompts, outs, ref, exact=False)
+        rows.append(SmokeRow(f"split:{device}+{split_to}", label, sum(map(len, outs)), secs, ok, detail,
+                             syncs_per_token(pair, prompts[0], method, cfg, gen)))
+    return rows
+
+
+def compiled_smoke(device: str, dtype: str, backend: str, n_prompts: int, max_new_tokens: int) -> list[SmokeRow]:
+    """``ar`` and ``sd`` eager and with ``+pair.compile=true`` (``backend``) per decoder-only tiny pair:
+    tokens/s of each, the compiled outputs == eager ``ar``'s (a pair the compiled path refuses is listed)."""
+    gen = {"max_new_tokens": max_new_tokens, "ignore_eos": True}
+    methods = {"ar": ("ar", None), "sd": ("sd", {"gamma": 4})}
+    rows = []
+    for name in PAIRS:
+        try:
+            comp = load_pair(name, device=device, dtype=dtype, compile=True, compile_backend=backend)
+        except ConfigError as e:
+            rows.append(SmokeRow(name, "compiled", 0, 0.0, True, f"not compiled: {e}"))
+            continue
+        eager = load_pair(name, device=device, dtype=dtype, backend="eager")
+        prompts = [eager.encode(p) for p in PROMPTS[:n_prompts]]
+        ref: list[list[int]] = []
+        for label, (method, cfg) in methods.items():
+            for tag, pair in (("eager", eager), (f"compiled:{backend}", comp)):
+                decode(pair, prompts[0], method, cfg, gen)  # warm-up: compilation stays out of the timing
+                outs, secs = _timed(pair, prompts, method, cfg, gen, device)
+                ref = ref or outs
+                ok, detail = _compare(eager, prompts, outs, ref, exact=dtype == "float32")
+                rows.append(SmokeRow(name, f"{label} {tag}", sum(map(len, outs)), secs, ok, detail))
+    return rows
+
+
 def _table(rows: list[SmokeRow], device: str, dtype: str) -> str:
-    lines = [f"GPU smoke on {device} ({dtype})", f"{'pair':<12} {'method':<16} {'tokens':>6} {'tok/s':>8}  check"]
+    lines = [f"GPU smoke on {device} ({dtype})",
+             f"{'pair':<18} {'method':<22} {'tokens':>6} {'tok/s':>8} {'syncs/tok':>9}  check"]
     for r in rows:
         rate = r.tokens / r.seconds if r.seconds else float("nan")
-        lines.append(f"{r.pair:<12} {r.method:<16} {r.tokens:>6} {rate:>8.1f}  {'ok' if r.ok else 'FAIL'} {r.detail}")
+        lines.append(f"{r.pair:<18} {r.method:<22} {r.tokens:>6} {rate:>8.1f} {r.syncs_per_token:>9.2f}  "
+                     f"{'ok' if r.ok else 'FAIL'} {r.detail}")
     return "\n".join(lines)
 
 
@@ -183,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--split-to", default="cpu", help="device of the split target's second half (split check)")
+    ap.add_argument("--compile", default=None, choices=["none", "inductor", "aot_eager", "eager"],
+                    help="torch.compile backend of the compiled rows (default: inductor on cuda, none on cpu)")
     shapes = ap.add_argument_group("--paper-shapes (forward costs of the paper models, random weights)")
     shapes.add_argument("--paper-shapes", action="store_true", help="measure the paper pairs' costs instead")
     shapes.add_argument("--models", default=None,
@@ -205,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     t0 = time.perf_counter()
     rows = smoke(args.device, dtype, args.prompts, args.max_new_tokens)
+    rows += split_smoke(args.device, args.split_to, args.prompts, args.max_new_tokens)
+    backend = args.compile or ("inductor" if args.device.startswith("cuda") else "none")
+    if backend != "none":
+        rows += compiled_smoke(args.device, dtype, backend, args.prompts, args.max_new_tokens)
     print(_table(rows, args.device, dtype))
     failed = [f"{r.pair}/{r.method}" for r in rows if not r.ok]
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'} "

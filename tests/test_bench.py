@@ -20,6 +20,7 @@ def test_bench_command_prints_table_and_writes_json(tmp_path):
                        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "| variant | tokens_per_s | speedup_vs_ar |" in r.stdout
+    table = r.stdout
     rows = {row["variant"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"ar", "sd", "hf_assisted", "sd_ngram"}
     ar, sd = rows["ar"], rows["sd"]
@@ -35,6 +36,9 @@ def test_bench_command_prints_table_and_writes_json(tmp_path):
     assert sd["accepted"] > 0 and sd["target_calls"] < ar["target_calls"]
     assert rows["sd"]["block_cost_T"] > 0 and rows["sd"]["ideal_speedup_flat"] > 0
     assert json.loads(out.read_text())["meta"]["runtime"]["backend"] == "packed"
+    # host syncs (viasd.harness.host_syncs): ar and sd read the device once per round, plus set-up
+    assert "| host_syncs_per_token | host_syncs_per_round |" in table
+    assert ar["host_syncs_per_round"] <= 1 + 2 * 2 / 16 and sd["host_syncs_per_round"] <= 1 + 2 * 2 / sd["rounds"]
 
 
 def test_cost_curve_command_covers_every_model_and_backend(tmp_path):

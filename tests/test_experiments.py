@@ -65,7 +65,7 @@ def test_slurm_launcher_composes_with_an_exp():
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+exp=table2", "scale=paper", "hydra/launcher=viasd_slurm"],
                       return_hydra_config=True)
-    assert "submitit" in cfg.hydra.launcher._target_.lower() and cfg.hydra.launcher.gpus_per_node == 1
+    assert cfg.hydra.launcher._target_.endswith("SizedSlurmLauncher") and cfg.hydra.launcher.size_per_cell
     assert cfg.hydra.mode.name == "MULTIRUN" and cfg.hydra.sweeper.params.pair.count(",") == 2
     assert len(compose_cells(["+exp=table2", "scale=paper", "hydra/launcher=viasd_slurm"])) == 75
 

@@ -14,9 +14,13 @@ from viasd.models.paper_shapes import paper_architectures, paper_pairs, param_co
 
 
 def test_gpu_smoke_passes_on_cpu(capsys):
-    assert main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "8"]) == 0
+    assert main(["--device", "cpu", "--prompts", "1", "--max-new-tokens", "8", "--compile", "aot_eager"]) == 0
     out = capsys.readouterr().out
-    assert "all checks passed" in out and "viasd_routed" in out and "tok/s" in out
+    assert "all checks passed" in out and "viasd_routed" in out and "tok/s" in out and "syncs/tok" in out
+    # the split-device lossless check (a device map over cpu only here) and the compiled rows
+    assert re.search(r"split:cpu\+cpu +cascade_sd .* ok == ar", out)
+    assert re.search(r"tiny-llama +sd compiled:aot_eager .* ok == ar", out) and "tiny-t5 " in out
+    assert re.search(r"tiny-t5 +compiled .* ok not compiled: \+pair\.compile=true compiles decoder-only", out)
 
 
 def test_gpu_smoke_reports_a_real_difference():

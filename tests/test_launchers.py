@@ -168,3 +168,76 @@ def test_cells_of_one_label_are_named_by_what_they_sweep():
     names = cell_names(exp_cells(["+exp=fig_gamma", "scale=smoke"]))
     assert len(set(names)) == len(names) == 4 and all(n.startswith("tiny-llama/") for n in names)
     assert any("method.gamma=" in n for n in names)
+
+
+def test_slurm_jobs_are_sized_per_cell_from_the_pair():
+    """hydra/launcher=viasd_slurm sizes each cell from the dry run's memory plan (80 GiB GPUs): the
+    70B target spans several GPUs (and gets time per GPU), the 9B and 7B pairs one."""
+    from viasd.harness.dryrun import cell_job
+    from viasd.harness.grid import compose_cells
+
+    sizes = {c.pair.name: cell_job(c, 80.0, 240) for c in compose_cells(["+exp=table2", "scale=paper"])}
+    assert sizes["llama2-7b-70b"]["gpus_per_node"] >= 2 and sizes["llama2-7b-70b"]["mem_gb"] >= 140
+    assert sizes["llama2-7b-70b"]["timeout_min"] == 240 * sizes["llama2-7b-70b"]["gpus_per_node"]
+    assert sizes["gemma2-2b-9b"] == {**sizes["gemma2-2b-9b"], "gpus_per_node": 1, "timeout_min": 240}
+    assert sizes["qwen2.5-0.5b-7b"]["gpus_per_node"] == 1
+
+
+@needs_submitit
+def test_sized_slurm_launcher_submits_one_array_per_cell_size(tmp_path):
+    """Cells of the same size share a job array with that size's resources; results come back in
+    sweep order. (Sizes and the executor are stand-ins: no SLURM here.)"""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.viasd_launcher.viasd_launcher import SizedSlurmLauncher, size_groups
+
+    submitted = []
+
+    class Job:
+        def __init__(self, idx):
+            self.ret = JobReturn(overrides=[], status=JobStatus.COMPLETED)
+            self.ret.return_value = idx
+
+        def results(self):
+            return [self.ret]
+
+    class Executor:
+        def __init__(self, size):
+            self.size = size
+
+        def map_array(self, fn, overrides, key, idxs, *rest):
+            submitted.append((self.size, list(idxs)))
+            return [Job(i) for i in idxs]
+
+    class Launcher(SizedSlurmLauncher):
+        def cell_size(self, overrides):
+            big = "pair=big" in overrides
+            return {"gpus_per_node": 3 if big else 1, "mem_gb": 170 if big else 27}
+
+        def executor(self, size):
+            return Executor(size)
+
+    launcher = Launcher(submitit_folder=str(tmp_path), timeout_min=240)
+    launcher.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    jobs = [["pair=small", "method=ar"], ["pair=big", "method=ar"], ["pair=small", "method=sd"]]
+    rets = launcher.launch(jobs, 10)
+    assert [r.return_value for r in rets] == [10, 11, 12]
+    assert submitted == [({"gpus_per_node": 1, "mem_gb": 27}, [10, 12]), ({"gpus_per_node": 3, "mem_gb": 170}, [11])]
+    assert list(size_groups(jobs, 0, launcher.cell_size).values())[1] == [(1, ["pair=big", "method=ar"])]
+
+
+def test_a_cells_own_run_checks_its_task_preflight(monkeypatch):
+    """What a launcher's job runs (experiments.run -> runner.run -> Cell) checks the task's preflight
+    there, on the compute node, before any model loads — not only the submitting host's grid check."""
+    from viasd.harness.grid import compose_cells
+    from viasd.harness.runner import Cell
+    from viasd.tasks.base import Task
+
+    def refuse(self):
+        raise RuntimeError("preflight ran in the cell")
+
+    monkeypatch.setattr(Task, "preflight", refuse)
+    (cfg,) = compose_cells(list(TINY) + ["method=ar"])
+    with pytest.raises(RuntimeError, match="preflight ran in the cell"):
+        Cell(cfg)

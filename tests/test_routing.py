@@ -66,6 +66,20 @@ def test_unit_device_is_each_layers_parameter_device():
     assert module_device(torch.nn.ReLU()) is None
 
 
+def test_unit_device_finds_the_parameters_once_and_follows_a_moved_model():
+    """Resolved once per model (a routed forward asks per layer), read live: a module moved later is seen."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from viasd.engine.paths import _UNIT_MODULES, unit_device
+
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2))
+    assert unit_device(m, (0, "attn")) == torch.device("cpu") and (0, "attn") in _UNIT_MODULES[m]
+    decoder_layers(m)[0].to("meta")  # as a device map places it: the whole layer
+    assert unit_device(m, (0, "attn")) == unit_device(m, (0, "mlp")) == torch.device("meta")
+    assert unit_device(m, (1, "attn")) == torch.device("cpu")
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_routed_paths_of_a_model_split_by_an_explicit_device_map(family):
     """A model dispatched by accelerate with an explicit per-layer device_map (here over 'cpu' only):
@@ -90,7 +104,7 @@ def test_a_stream_synchronizes_every_cuda_device_of_its_model():
     from viasd.engine.stream import cuda_devices
 
     m = tiny_pair("llama").target
-    assert cuda_devices(m) == [] and Stream(m, torch.tensor([[1, 2]]), "t")._sync == []
+    assert cuda_devices(m) == [] and Stream(m, torch.tensor([[1, 2]]), "t").clock.devices == []
     if torch.cuda.device_count() >= 1:  # a GPU host: the layers moved there are listed once
         m.model.layers[0].to("cuda:0")
         assert cuda_devices(m) == [torch.device("cuda:0")]

@@ -51,6 +51,9 @@ class PairConfig:
     backend: str = "auto"  # auto | eager | packed (oneDNN prepacked linears; auto = packed on CPU)
     device_map: str | None = None  # auto: one GPU when a model fits one, else a balanced split (models.placement)
     allow_offload: bool = False  # device_map=auto may put modules on cpu/disk (refused otherwise)
+    compile: bool = False  # static KV cache + torch.compile of each model's forward (viasd.engine.compiled)
+    compile_backend: str = "inductor"  # torch.compile backend (aot_eager / eager: no code generation)
+    compile_cache_len: int = 4096  # positions of the static cache (prompt + generated + one block)
     trust_remote_code: bool = False
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)

@@ -1,4 +1,6 @@
-"""``hydra/launcher=viasd_local``: submitit's local launcher, at most ``max_parallel`` cells at once.
+"""``hydra/launcher=viasd_local`` and ``viasd_slurm``: submitit's launchers, bounded and sized per cell.
+
+**viasd_local**: submitit's local launcher, at most ``max_parallel`` cells at once.
 
 ``hydra/launcher=submitit_local`` (``hydra-submitit-launcher``, a dev dependency) starts every
 cell of a grid at once: 25 decodes on 2 cores. This launcher submits ``max_parallel`` (default 2)
@@ -11,6 +13,14 @@ submitit plugin installed this module defines only :func:`failed_job`.
 Settings (``hydra.launcher.<key>=…``): ``max_parallel``; ``timeout_min`` (submitit ends a local
 job after it: 7 days here, not submitit's 60 minutes); ``tasks_per_node`` must stay 1 (submitit
 runs that many copies of one cell, all writing the same run).
+
+**viasd_slurm** (``conf/hydra/launcher/viasd_slurm.yaml``): submitit's SLURM launcher that sizes
+each cell from its pair. Hydra hands a launcher one resource block per multirun; this one composes
+every cell's config, asks :func:`viasd.harness.dryrun.cell_job` for its GPUs, host memory and time
+(the dry run's memory plan on ``gpu_gib`` GPUs), and submits one job array per distinct size — a
+grid over three pairs is three arrays, each with its pair's resources. ``size_per_cell=false``
+submits every cell with the block as written. Each cell builds its run inside the job, on the
+compute node, so a code task's sandbox preflight runs there too (``viasd.harness.runner.Cell``).
 """
 
 # No `from __future__ import annotations`: Hydra's plugin scan runs this module outside sys.modules,
@@ -28,11 +38,11 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 
 from viasd.errors import ConfigError
 
-try:  # a dev dependency: without it there is no viasd_local launcher
-    from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
+try:  # the [slurm] extra: without it there is no viasd_local or viasd_slurm launcher
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 except ImportError:  # pragma: no cover - exercised where the plugin is missing
-    LocalQueueConf = LocalLauncher = None
+    LocalQueueConf = LocalLauncher = SlurmQueueConf = SlurmLauncher = BaseQueueConf = None
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +109,71 @@ if LocalLauncher is not None:
             return [results[i] for i in sorted(results)]
 
     ConfigStore.instance().store(group="hydra/launcher", name="viasd_local", node=CappedLocalConf, provider="viasd")
+
+
+def size_groups(job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+                sizes) -> dict[tuple, list[tuple[int, list[str]]]]:
+    """The cells of a sweep grouped by their job size: ``{sorted size items: [(job index, overrides)]}``
+    in sweep order; ``sizes(overrides) -> {hydra.launcher key: value}``."""
+    groups: dict[tuple, list[tuple[int, list[str]]]] = {}
+    for idx, overrides in enumerate(job_overrides, initial_job_idx):
+        groups.setdefault(tuple(sorted(sizes(list(overrides)).items())), []).append((idx, list(overrides)))
+    return groups
+
+
+if SlurmLauncher is not None:
+
+    @dataclasses.dataclass
+    class SizedSlurmConf(SlurmQueueConf):
+        """Schema of ``hydra/launcher=viasd_slurm`` (``conf/hydra/launcher/viasd_slurm.yaml`` sets it)."""
+
+        _target_: str = "hydra_plugins.viasd_launcher.viasd_launcher.SizedSlurmLauncher"
+        size_per_cell: bool = True  # each cell's gpus_per_node, mem_gb and timeout_min from its pair
+        gpu_gib: float = 80.0  # GPU memory of the cluster's GPUs (GiB) the cells are sized for
+
+    class SizedSlurmLauncher(SlurmLauncher):
+        """Submitit's SLURM launcher, one job array per cell size (see the module docstring)."""
+
+        def __init__(self, size_per_cell: bool = True, gpu_gib: float = 80.0, **params: Any) -> None:
+            super().__init__(**params)
+            self.size_per_cell, self.gpu_gib = bool(size_per_cell), float(gpu_gib)
+
+        def cell_size(self, overrides: list[str]) -> dict[str, int]:
+            """A cell's ``gpus_per_node``, ``mem_gb`` and ``timeout_min`` (``timeout_min`` of the
+            block is the time per GPU)."""
+            from viasd.harness.dryrun import cell_job
+
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            return cell_job(cfg, self.gpu_gib, int(self.params["timeout_min"]))
+
+        def executor(self, size: dict[str, Any]):
+            """A submitit SLURM executor with the launcher's block, ``size`` overriding it."""
+            import submitit
+            from omegaconf import OmegaConf
+
+            params = {**self.params, **size}
+            init = {"folder": params.pop("submitit_folder")}
+            if "max_num_timeout" in params:
+                init["slurm_max_num_timeout"] = params.pop("max_num_timeout")
+            executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+            base = set(OmegaConf.structured(BaseQueueConf).keys())
+            executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+            return executor
+
+        def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+            if not self.size_per_cell:
+                return super().launch(job_overrides, initial_job_idx)
+            Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+            jobs: dict[int, Any] = {}
+            for size, cells in size_groups(job_overrides, initial_job_idx, self.cell_size).items():
+                log.info(f"Submitit 'slurm' job array of {len(cells)} cells: "
+                         + " ".join(f"{k}={v}" for k, v in size))
+                for idx, overrides in cells:
+                    log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+                args = [(o, "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state()) for i, o in cells]
+                submitted = self.executor(dict(size)).map_array(self, *zip(*args))
+                jobs.update({i: job for (i, _), job in zip(cells, submitted)})
+            return [jobs[i].results()[0] for i in sorted(jobs)]
+
+    ConfigStore.instance().store(group="hydra/launcher", name="viasd_slurm_sized", node=SizedSlurmConf,
+                                 provider="viasd")

@@ -201,7 +201,7 @@ class MaxGramSim(MaxGramDrafter):
             self.fallback_tokens += k
             return [self.traj.unknown() for _ in range(k)], [None] * k
         if b not in self.memo:
-            self.memo[b] = MaxGramDrafter.tokens(self, self.traj.context(b), LookupSim.MAX).tolist()
+            self.memo[b] = MaxGramDrafter.tokens(self, self.traj.context(b), LookupSim.MAX)
             self.fallback_tokens -= LookupSim.MAX - len(self.sim.found(b))
         self.fallback_tokens += k - min(k, len(self.sim.found(b)))
         return self.memo[b][:k], [None] * k

@@ -91,3 +91,19 @@ def verify_block(
             n = int(rejected[0, 0])
             return n, int(sample(sd_residual(p[n], q[n]), rng))
     return k, int(sample(q[k], rng))
+
+
+def verify_greedy(draft: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """:func:`verify_block` of greedy decoding on the device, without a host sync: with one-hot
+    ``p`` and ``q`` a draft is accepted exactly when it is ``q``'s argmax.
+
+    Args:
+        draft: ``LongTensor[k]`` drafted tokens.
+        q: ``[k + 1, V]`` verifier scores (probabilities or logits: only the argmax is read).
+
+    Returns:
+        ``LongTensor[2]``: ``(n, token)`` as :func:`verify_block` returns them.
+    """
+    best = q.argmax(-1)  # [k + 1]
+    n = torch.cumprod((best[: draft.shape[0]] == draft).long(), 0).sum()
+    return torch.stack([n, best[n]])

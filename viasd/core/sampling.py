@@ -43,11 +43,14 @@ def confidence(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().softmax(-1).max(-1).values
 
 
-def sample(probs: torch.Tensor, rng: torch.Generator | None) -> torch.Tensor:
+def sample(probs: torch.Tensor, rng: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
     """Draw one token per row. ``probs``: ``[..., V]`` → ``LongTensor[...]``.
 
-    One-hot rows (greedy) return their argmax without consuming randomness.
+    One-hot rows (greedy) return their argmax without consuming randomness. ``greedy=True`` (the
+    rows come from greedy decoding, one-hot by construction) skips the check, a host sync.
     """
+    if greedy:
+        return probs.argmax(-1)
     flat = probs.reshape(-1, probs.shape[-1])
     if bool((flat.max(-1).values == 1).all()):
         return probs.argmax(-1)

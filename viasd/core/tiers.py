@@ -81,8 +81,8 @@ class Route:
     draft tokens emitted as drafted (tier 1 or ``slim_keep``). ``token``: the slim verifier's token (rewrite or bonus), else
     ``None``. ``verify_from``: for ``escalate``, the first draft position the full model
     verifies (``0`` with ``reverify_on_escalation``, else the escalating position).
-    ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i`` (set by
-    :func:`route_round`; None when no slim pass ran).
+    ``scores`` ``[k]`` and ``confidence`` ``[k + 1]``: the gate's ``s_i`` and ``max q̂'_i``, ``draft``
+    the drafted tokens on the host (set by :func:`route_round`; None when no slim pass ran).
     """
 
     steps: list[Step]
@@ -91,6 +91,7 @@ class Route:
     verify_from: int | None = None
     scores: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
+    draft: list[int] | None = None
 
     @property
     def action(self) -> str:
@@ -140,6 +141,7 @@ def route_round(
     *,
     agreement: str = "ratio",
     values: tuple[list[float], list[float]] | None = None,
+    greedy: bool = False,
     **knobs,
 ) -> Route:
     """Route the positions of one drafted block to tiers 1–3 (see the module docstring).
@@ -157,6 +159,12 @@ def route_round(
         rng: generator for the slim rewrite / bonus samples (greedy: unused).
         agreement: ``ratio`` | ``tv`` | ``slim_rel``; ``values``: ``(s, conf)`` given by another gate
             (learned: :mod:`viasd.core.gate`) instead of the agreement and slim confidence; ``knobs``: the keyword arguments of :func:`route_positions`.
+        greedy: the distributions are one-hot (greedy decoding): the slim verifier's rewrite and
+            bonus tokens are its argmax, read with the rest.
+
+    One host read per round: every value the bands need (and, greedy, the slim tokens) in one
+    transfer; sampling draws a rewrite or bonus token only when the round reaches one. The
+    route's ``draft`` holds the drafted tokens as read.
 
     Returns:
         A :class:`Route`; the caller escalates when ``route.action == "escalate"``.
@@ -166,14 +174,30 @@ def route_round(
     conf = q_gate.max(-1).values
     if values is not None:
         s, conf = torch.tensor(values[0]), torch.tensor(values[1])
+    parts = {"s": s, "conf": conf, "draft": draft}  # float32 holds token ids exactly (< 2^24)
     if knobs.get("tier1_needs_slim_argmax"):
-        knobs["slim_top"] = q_gate[:k].argmax(-1).tolist()
+        parts["slim_top"] = q_gate[:k].argmax(-1)
     if knobs.get("tier1_min_draft_confidence"):
-        knobs["draft_conf"] = p_gate.max(-1).values.tolist()
-    route = route_positions(s.tolist(), conf.tolist(), draft.tolist(),  # one host sync per round, not per position
-                            lambda i: int(sample(sd_residual(p[i], q_slim[i]), rng)),
-                            lambda: int(sample(q_slim[k], rng)), **knobs)
-    route.scores, route.confidence = s, conf
+        parts["draft_conf"] = p_gate.max(-1).values
+    if greedy:
+        parts["slim_tokens"] = q_slim.argmax(-1)  # one-hot: the rewrite at i and the bonus are q_slim's argmax
+    flat = torch.cat([v.reshape(-1).float().to(draft.device) for v in parts.values()]).tolist()  # the one host read
+    read, at = {}, 0
+    for name, v in parts.items():
+        read[name], at = flat[at:at + v.numel()], at + v.numel()
+    ints = {name: [int(x) for x in read[name]] for name in ("draft", "slim_top", "slim_tokens") if name in read}
+    knobs.update({name: ints.get(name, read[name]) for name in ("slim_top", "draft_conf") if name in read})
+    if greedy:
+        tokens = ints["slim_tokens"]
+        rewrite, bonus = tokens.__getitem__, lambda: tokens[k]
+    else:
+        def rewrite(i: int) -> int:
+            return int(sample(sd_residual(p[i], q_slim[i]), rng))
+
+        def bonus() -> int:
+            return int(sample(q_slim[k], rng))
+    route = route_positions(read["s"], read["conf"], ints["draft"], rewrite, bonus, **knobs)
+    route.scores, route.confidence, route.draft = s, conf, ints["draft"]
     return route
 
 

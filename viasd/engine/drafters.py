@@ -68,9 +68,13 @@ class Drafter:
     #: ``[k', V]`` raw logits behind the last proposal (neural drafters; ``None`` otherwise), for
     #: rules that decide on the temperature-1 distribution (e.g. ``faster_cascades``).
     last_logits: torch.Tensor | None = None
+    #: the last proposal's tokens on the host when the drafter knows them without a host sync
+    #: (lookups, vertical cascades); ``None`` when they are known only on the device.
+    last_host: list[int] | None = None
 
     def propose(
-        self, seq: torch.Tensor, k: int, gen: GenerationConfig, rng: torch.Generator | None, min_confidence: float = 0.0
+        self, seq: torch.Tensor, k: int, gen: GenerationConfig, rng: torch.Generator | None, min_confidence: float = 0.0,
+        host: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Propose up to ``k`` tokens after ``seq``.
 
@@ -80,6 +84,8 @@ class Drafter:
             gen: sampling settings (the same processors as the verifier).
             rng: random generator for sampling.
             min_confidence: stop early once the top probability (temperature 1) is below it.
+            host: ``seq``'s tokens on the host (``Output.ids``) when the caller has them: streams
+                and lookups then read no token off the device.
 
         Returns:
             ``(tokens, probs)``: ``LongTensor[k']`` and ``[k', V]`` with ``k' ≤ k``.
@@ -100,21 +106,21 @@ class ModelDrafter(Drafter):
         self.stream = Stream(model, prompt_ids, label)
         self.vocab = vocab_size_of(model)
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
-        cur = seq
-        for _ in range(k):
-            logits = self.stream.logits(cur)[0, -1]
+        greedy = gen.temperature == 0
+        for _ in range(k):  # each sample is fed on the device: no host sync (confidence policy aside)
+            step = self.stream.feed(tokens[-1].view(1, 1), host=host) if tokens else self.stream.logits(seq, host=host)
+            logits = step[0, -1]
             if min_confidence > 0 and tokens and float(confidence(logits)) < min_confidence:
                 break
             p = probs_from_logits(logits, gen)
-            x = sample(p, rng)
+            x = sample(p, rng, greedy)
             tokens.append(x)
             probs.append(p)
             raw.append(logits)
-            cur = torch.cat([cur, x.view(1, 1)], dim=1)
         if not tokens:
             self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
             return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
@@ -136,6 +142,7 @@ class NgramDrafter(Drafter):
         self.vocab, self.ngram_max, self.ngram_min = vocab, ngram_max, ngram_min
         # Encoder-decoder models: the prompt is not in the decoder sequence, so search it too.
         self.context = context if context is not None else torch.zeros(0, dtype=torch.long)
+        self.context_ids: list[int] = self.context.tolist()  # read once, at set-up
 
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """The up to ``k`` tokens that followed the latest earlier match of the longest matching
@@ -151,8 +158,24 @@ class NgramDrafter(Drafter):
                     return s[start:start + k]
         return s.new_zeros(0)
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
-        found = self.lookup(seq, k)
+    def lookup_ids(self, s: list[int], k: int) -> list[int]:
+        """:meth:`lookup` over host token ids ``s`` (the context included): the same match, read
+        without a host sync."""
+        L = len(s)
+        if k > 0:
+            for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
+                suffix = s[L - n:]
+                for i in range(L - n - 1, -1, -1):  # the latest earlier n-gram (not the suffix itself)
+                    if s[i:i + n] == suffix:
+                        return s[i + n:i + n + k]
+        return []
+
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
+        if host is not None and len(host) == seq.shape[1]:
+            self.last_host = self.lookup_ids(self.context_ids + list(host), k)
+            found = torch.tensor(self.last_host, dtype=torch.long, device=seq.device)
+        else:
+            found, self.last_host = self.lookup(seq, k), None
         return found, torch.nn.functional.one_hot(found, self.vocab).float()
 
 
@@ -171,13 +194,13 @@ class HybridDrafter(Drafter):
     def __init__(self, lookup: NgramDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
-        found, probs = self.lookup.propose(seq, k, gen, rng)
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
+        found, probs = self.lookup.propose(seq, k, gen, rng, host=host)
         if found.numel():
-            self.last_logits = None
+            self.last_logits, self.last_host = None, self.lookup.last_host
             return found, probs
-        tokens, probs = self.model.propose(seq, k, gen, rng, min_confidence)
-        self.last_logits = self.model.last_logits
+        tokens, probs = self.model.propose(seq, k, gen, rng, min_confidence, host)
+        self.last_logits, self.last_host = self.model.last_logits, None
         return tokens, probs
 
     def stats(self):

@@ -26,6 +26,7 @@ forward returns them.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -52,9 +53,19 @@ def module_device(module: torch.nn.Module) -> torch.device | None:
     return None if p is None else p.device
 
 
+#: model -> {unit: the unit's first module with parameters}: found once per model (a routed call asks per layer).
+_UNIT_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def unit_device(model, unit: Unit) -> torch.device | None:
-    """The device sub-layer ``unit`` (layer index, ``attn``/``mlp``) runs on: its parameters' device."""
-    return next((d for m in unit_modules(model, unit) if (d := module_device(m)) is not None), None)
+    """The device sub-layer ``unit`` (layer index, ``attn``/``mlp``) runs on: its parameters' device.
+
+    The unit's module is looked up once per model; its parameters' device is read on every call, so
+    a model moved later (``.to``, a device map) is still answered right."""
+    found = _UNIT_MODULES.setdefault(model, {})
+    if unit not in found:
+        found[unit] = next((m for m in unit_modules(model, unit) if module_device(m) is not None), None)
+    return None if found[unit] is None else module_device(found[unit])
 
 
 def head(model, hidden: torch.Tensor, last: int) -> torch.Tensor:

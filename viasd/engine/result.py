@@ -154,6 +154,9 @@ class DecodeResult:
 class Output:
     """Committed tokens and stop rules shared by every method.
 
+    ``seq``: the committed sequence ``[1, L]`` on the model's device; ``ids``: the same tokens on
+    the host (what streams compare their caches with, without a host sync).
+
     Args:
         start: ``LongTensor[1, L0]`` the initial decoding sequence.
         gen: generation settings (``max_new_tokens``, ``stop_strings``, ``ignore_eos``).
@@ -164,6 +167,7 @@ class Output:
 
     def __init__(self, start: torch.Tensor, gen: GenerationConfig, eos_ids: list[int], tokenizer=None):
         self.seq = start
+        self.ids: list[int] = start[0].tolist()  # the sequence on the host (one read, at the start)
         self.start_len = start.shape[1]
         self.gen = gen
         self.eos = set(eos_ids)
@@ -193,6 +197,7 @@ class Output:
             elif len(self.new) >= self.gen.max_new_tokens:
                 self.stop_reason = "max_new_tokens"
         if kept:
+            self.ids += self.new[-kept:]
             add = torch.tensor([self.new[-kept:]], dtype=self.seq.dtype, device=self.seq.device)
             self.seq = torch.cat([self.seq, add], dim=1)
         if not self.done and self.gen.stop_strings and self.tokenizer is not None:

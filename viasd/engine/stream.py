@@ -14,6 +14,14 @@ sub-layers it runs after the boundary: the slim pass extends the prefix over the
 escalation resumes the full model from the boundary hidden states of the block and of every
 lagging committed token the slim pass already processed.
 
+**Host syncs.** Finding the valid prefix compares token values on the host where both sides are
+known there (:class:`HostTokens`: the values a caller passed as ``host``, and queued host copies of
+the tokens a stream fed from the device), so a stream call reads nothing off the device in the
+loops; only a comparison over values neither side knows falls back to the device (one sync).
+Forward time is measured without a sync per forward: with CUDA events on a single-GPU model
+(read once, when :attr:`Stream.stats` is asked for), a synchronisation of every device per
+forward only for a model split over several GPUs.
+
 All transformers cache calls live here (transformers 5.x: forward takes ``cache=``, outputs carry
 ``.cache``; ``Cache.crop`` only removes a fixed count from every layer, so rollback crops each
 layer — of each cache, the shared one included — to its own absolute length).
@@ -32,14 +40,16 @@ the encoder runs once on the prompt and the sequence is the decoder's, starting 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel, StaticCache
 
+from viasd.engine.compiled import compiled, rewind
 from viasd.engine.paths import embed, head, is_encoder_decoder, make_path, routed_forward, run_units
 from viasd.engine.routing import all_units, unit_index
+from viasd.engine.syncs import ForwardClock, HostTokens, common_prefix, cuda_devices, match_length  # noqa: F401
+from viasd.errors import ConfigError
 
 
 @dataclass
@@ -70,13 +80,6 @@ def layer_count(model: PreTrainedModel) -> int:
     return int(cfg.num_hidden_layers)
 
 
-def cuda_devices(model: torch.nn.Module) -> list[torch.device]:
-    """The CUDA devices ``model``'s parameters sit on, in index order (empty on a CPU model): the
-    devices a timed forward synchronizes, so a model split by a device map is timed whole."""
-    devs = {p.device for p in model.parameters() if p.device.type == "cuda"}
-    return sorted(devs, key=lambda d: d.index or 0)
-
-
 def start_sequence(model: PreTrainedModel, prompt_ids: torch.Tensor) -> torch.Tensor:
     """The initial decoding sequence ``LongTensor[1, L0]`` for ``model`` and a prompt ``[1, P]``."""
     if getattr(model.config, "is_encoder_decoder", False):
@@ -93,22 +96,16 @@ def fresh_cache(model: PreTrainedModel):
 
 
 def crop_cache(cache, length: int) -> None:
-    """Crop every layer of ``cache`` (its self-attention part) to an absolute ``length`` tokens."""
+    """Crop every layer of ``cache`` (its self-attention part) to an absolute ``length`` tokens (a static
+    cache: move its write position, :func:`~viasd.engine.compiled.rewind`)."""
+    if isinstance(cache, StaticCache):
+        return rewind(cache, length)
     for layer in getattr(cache, "self_attention_cache", cache).layers:
         if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
             continue
         if layer.keys.numel() and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
-
-
-def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the common prefix of two token rows ``[1, La]`` and ``[1, Lb]``."""
-    n = min(a.shape[1], b.shape[1])
-    if n == 0:
-        return 0
-    diff = (a[0, :n] != b[0, :n]).nonzero()
-    return int(diff[0, 0]) if diff.numel() else n
 
 
 class SharedPrefix:
@@ -124,6 +121,7 @@ class SharedPrefix:
         self.units = all_units(layer_count(model))[:boundary]
         self.cache = fresh_cache(model)
         self.tokens = prompt_ids.new_zeros((1, 0))
+        self.host = HostTokens()
         self.hidden: torch.Tensor | None = None
         self.lo = 0
         self.streams: list[Stream] = []
@@ -138,6 +136,7 @@ class SharedPrefix:
             return
         crop_cache(self.cache, length)
         self.tokens = self.tokens[:, :length]
+        self.host.crop(length)
         if self.hidden is None or length <= self.lo:
             self.hidden, self.lo = None, length
         else:
@@ -146,19 +145,23 @@ class SharedPrefix:
     def trim(self) -> None:
         """Drop boundary hidden states every attached stream has consumed (a stream's valid part is
         its common prefix with the prefix's tokens)."""
-        lo = min([common_prefix(s.tokens, self.tokens) for s in self.streams] + [self.length])
+        mine = self.host.values(self.length, wait=False)  # a lower bound keeps more: no wait for the device
+        lo = min([self.length if s.tokens is self.tokens else match_length(s.tokens, s.host, self.tokens, mine, False)
+                  for s in self.streams] + [self.length])
         if self.hidden is not None and lo > self.lo:
             self.hidden = self.hidden[:, lo - self.lo:] if lo < self.length else None
         self.lo = max(self.lo, lo)
 
-    def hidden_for(self, seq: torch.Tensor, keep: int, encoder_outputs=None) -> tuple[torch.Tensor, int]:
-        """Boundary hidden states ``[1, L − keep, H]`` of positions ``keep..L−1`` of ``seq`` ``[1, L]``.
+    def hidden_for(self, seq: torch.Tensor, keep: int, encoder_outputs=None,
+                   host: list[int] | None = None) -> tuple[torch.Tensor, int]:
+        """Boundary hidden states ``[1, L − keep, H]`` of positions ``keep..L−1`` of ``seq`` ``[1, L]``
+        (``host``: the values of a prefix of ``seq`` the caller knows on the host).
 
         Rolls the prefix back to its valid prefix of ``seq`` (or to ``keep`` when the stored
         hidden states start after it) and runs the prefix sub-layers over the rest. Returns the
         hidden states and how many positions the prefix sub-layers ran on.
         """
-        valid = common_prefix(self.tokens, seq)
+        valid = match_length(self.tokens, self.host, seq, host)
         if keep < self.lo:
             valid = min(valid, keep)
         self.crop(valid)
@@ -167,6 +170,7 @@ class SharedPrefix:
             h = embed(self.model, seq[:, valid:])
             h = run_units(make_path(self.model, h, self.cache, valid, self.units, encoder_outputs), self.units, h)
             self.hidden = h if self.hidden is None else torch.cat([self.hidden, h], 1)
+            self.host.fed(seq, valid, host)
             self.tokens = seq
         return self.hidden[:, keep - self.lo:], ran
 
@@ -182,6 +186,7 @@ class PrefixKV:
         if stream.is_encoder_decoder:
             raise ValueError("a prefix KV is for decoder-only models (an encoder-decoder's decoder shares no prompt)")
         self.model, self.plan, self.tokens, self.seconds = stream.model, stream.plan, stream.tokens, seconds
+        self.host = list(stream.host.values(stream.length))
         self.layers = [copy.copy(layer) for layer in stream.cache.layers]
 
     def cache(self) -> DynamicCache:
@@ -219,25 +224,38 @@ class Stream:
         self.name = name
         self.plan = plan  # a RoutingPlan: run only these sub-layers (slim verifier / self-draft)
         self.prefix = prefix
-        self.stats = ModelStats()
+        self._stats = ModelStats()
         self.is_encoder_decoder = is_encoder_decoder(model)
         self.tokens = prompt_ids.new_zeros((1, 0))  # [1, n] tokens whose KV is cached
-        self._sync = cuda_devices(model)  # every GPU the model sits on (a split model: several)
+        self.host = HostTokens()  # their values on the host
+        self.clock = ForwardClock(model)
         self.encoder_outputs = None
-        self.cache = fresh_cache(model)
+        self.compiled = compiled(model)  # +pair.compile=true: a static cache and the compiled forward
+        self.cache = self.compiled.take(self) if self.compiled is not None else fresh_cache(model)
         if self.is_encoder_decoder:
             with torch.inference_mode():
-                t0 = time.perf_counter()
+                t0 = self.clock.start()
                 self.encoder_outputs = model.get_encoder()(input_ids=prompt_ids)
-                self.stats.seconds += time.perf_counter() - t0
-            self.stats.calls += 1
-            self.stats.tokens += prompt_ids.shape[1]
+                self.clock.stop(t0)
+            self._stats.calls += 1
+            self._stats.tokens += prompt_ids.shape[1]
         if prefix is not None:
             prefix.streams.append(self)
         if start is not None:
-            if start.model is not model or start.plan != plan or prefix is not None:
+            if start.model is not model or start.plan != plan or prefix is not None or self.compiled is not None:
                 raise ValueError("a stream starts from a prefix KV of its own model and plan (and no shared prefix)")
             self.cache, self.tokens = start.cache(), start.tokens
+            self.host.known, self.host.length = list(start.host), len(start.host)
+
+    @property
+    def stats(self) -> ModelStats:
+        """Forward calls, tokens, seconds and layer work so far (reads the forward clock)."""
+        self._stats.seconds = self.clock.seconds()
+        return self._stats
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on every device of the model (a timed section's end)."""
+        self.clock.synchronize()
 
     @property
     def length(self) -> int:
@@ -250,19 +268,24 @@ class Stream:
             return
         crop_cache(self.cache, length)
         self.tokens = self.tokens[:, :length]
+        self.host.crop(length)
 
-    def valid_prefix(self, seq: torch.Tensor) -> int:
-        """Length of the common prefix of the cached tokens and ``seq`` (``[1, L]``)."""
-        return common_prefix(self.tokens, seq)
+    def valid_prefix(self, seq: torch.Tensor, host: list[int] | None = None) -> int:
+        """Length of the common prefix of the cached tokens and ``seq`` (``[1, L]``; ``host``: the
+        values of a prefix of ``seq`` known on the host, compared there without a sync)."""
+        return match_length(self.tokens, self.host, seq, host)
 
-    def _forward(self, seq: torch.Tensor, keep: int, last: int) -> tuple[torch.Tensor, float]:
+    def _forward(self, seq: torch.Tensor, keep: int, last: int,
+                 host: list[int] | None = None) -> tuple[torch.Tensor, float]:
         """Logits ``[1, last, V]`` after feeding ``seq[:, keep:]``, and the layer-tokens it ran."""
         new = seq[:, keep:]
         n = new.shape[1]
+        if self.compiled is not None:
+            return self._compiled_forward(seq, new, last), float(n * layer_count(self.model))
         if self.prefix is not None:
             units = [u for u in (self.plan.units() if self.plan is not None else all_units(layer_count(self.model)))
                      if unit_index(u) >= self.prefix.boundary]
-            hidden, ran = self.prefix.hidden_for(seq, keep, self.encoder_outputs)
+            hidden, ran = self.prefix.hidden_for(seq, keep, self.encoder_outputs, host)
             if units:
                 path = make_path(self.model, hidden, self.cache, keep, units, self.encoder_outputs)
                 hidden = run_units(path, units, hidden)
@@ -277,8 +300,20 @@ class Stream:
         out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last)
         return out.logits, float(n * layer_count(self.model))
 
+    def _compiled_forward(self, seq: torch.Tensor, new: torch.Tensor, last: int) -> torch.Tensor:
+        """Logits ``[1, last, V]`` of the compiled forward over ``new`` (the static cache holds the rest)."""
+        if self.plan is not None or self.prefix is not None:
+            raise ConfigError(f"+pair.compile=true runs the model's own forward; the {self.name} stream routes it "
+                              "(a slim verifier or self drafter): use ar, sd or cascade_sd, or set +pair.compile=false")
+        self.compiled.check(self)
+        if seq.shape[1] > self.compiled.cache_len:
+            raise ConfigError(f"the sequence ({seq.shape[1]} tokens) outgrows the static cache of "
+                              f"{self.compiled.cache_len}: set +pair.compile_cache_len={2 * seq.shape[1]}")
+        forward = self.compiled.forward if self.length else self.model.forward  # the prefill runs eager
+        return forward(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last).logits
+
     @torch.inference_mode()
-    def logits(self, seq: torch.Tensor, last: int = 1) -> torch.Tensor:
+    def logits(self, seq: torch.Tensor, last: int = 1, host: list[int] | None = None) -> torch.Tensor:
         """Logits at the last ``last`` positions of ``seq``.
 
         Rolls the cache back to the valid prefix of ``seq`` (leaving at least ``last`` tokens
@@ -287,21 +322,32 @@ class Stream:
         Args:
             seq: ``LongTensor[1, L]`` the full decoding sequence.
             last: how many trailing positions to return (``1 ≤ last ≤ L``).
+            host: the values of a prefix of ``seq`` the caller knows on the host (the committed
+                tokens): the valid prefix is then found without a host sync.
 
         Returns:
             ``[1, last, V]`` float32 logits; row ``j`` predicts ``seq[L − last + j + 1]``.
         """
-        keep = min(self.valid_prefix(seq), seq.shape[1] - last)
+        return self._run(seq, min(self.valid_prefix(seq, host), seq.shape[1] - last), last, host)
+
+    @torch.inference_mode()
+    def feed(self, new: torch.Tensor, last: int = 1, host: list[int] | None = None) -> torch.Tensor:
+        """:meth:`logits` of the cached tokens followed by ``new`` ``[1, m]`` (``1 ≤ last ≤ m``): nothing to
+        compare, so no host sync even when the new tokens are known only on the device (a drafter's
+        own samples). ``host``: as in :meth:`logits`."""
+        return self._run(torch.cat([self.tokens, new], 1), self.length, last, host)
+
+    def _run(self, seq: torch.Tensor, keep: int, last: int, host: list[int] | None) -> torch.Tensor:
+        """Roll back to ``keep``, feed ``seq[:, keep:]`` and return the last ``last`` logits rows."""
         self.rollback(keep)
-        t0 = time.perf_counter()
-        logits, layer_tokens = self._forward(seq, keep, last)
+        t0 = self.clock.start()
+        logits, layer_tokens = self._forward(seq, keep, last, host)
         logits = logits.float()
-        for dev in self._sync:  # timing covers the work queued on every device the model uses
-            torch.cuda.synchronize(dev)
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.tokens += seq.shape[1] - keep
-        self.stats.layer_tokens += layer_tokens
+        self.clock.stop(t0)
+        self._stats.calls += 1
+        self._stats.tokens += seq.shape[1] - keep
+        self._stats.layer_tokens += layer_tokens
+        self.host.fed(seq, keep, host)
         self.tokens = seq
         if self.prefix is not None:
             self.prefix.trim()

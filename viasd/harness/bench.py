@@ -181,6 +181,7 @@ def cost_curves(entries: Sequence[tuple[Any, RoutingPlan | None]], ks: Sequence[
                 seq = torch.cat([seq0, new.to(seq0.device)], dim=1)
                 t0 = CLOCKS[clock]()
                 stream.logits(seq, last=k if all_rows else 1)
+                stream.synchronize()  # the timed section ends when the device is done (streams do not sync)
                 if r:
                     b[k] = min(b[k], CLOCKS[clock]() - t0)
                 stream.rollback(seq0.shape[1])

@@ -53,7 +53,7 @@ from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
 from viasd.models.gguf_index import converted_dir, index_model
 from viasd.tasks.loading import is_commit
 
-__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "job_resources", "pair_summary", "dry_run", "dry_run_main",
+__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "job_resources", "cell_job", "pair_summary", "dry_run", "dry_run_main",
            "visible_gpus_gib"]
 
 OVERHEAD = 1.2  # weights x 1.2: KV cache and activations of one sequence at paper lengths
@@ -314,6 +314,15 @@ def job_resources(need_gib: float, gpu_gib: float = SLURM_GPU_GIB) -> dict[str, 
     if gpu_gib <= 0:
         raise ConfigError(f"GPU memory must be positive, got {gpu_gib} GiB; set VIASD_DRYRUN_GPUS=80 (GiB per GPU)")
     return {"gpus_per_node": max(1, math.ceil(need_gib / gpu_gib)), "mem_gb": max(16, math.ceil(need_gib))}
+
+
+def cell_job(cfg: DictConfig, gpu_gib: float = SLURM_GPU_GIB, base_timeout_min: int = 240) -> dict[str, int]:
+    """The SLURM job of one composed cell, sized from its pair: :func:`job_resources` of the memory
+    :func:`plan_cell` plans for it, and ``timeout_min``: ``base_timeout_min`` per GPU the cell spans
+    (a target split over ``g`` GPUs reads ``g`` GPUs' worth of weights per token). The
+    ``hydra.launcher.*`` keys ``hydra/launcher=viasd_slurm`` submits the cell with."""
+    res = job_resources(plan_cell(cfg).need_gib, gpu_gib)
+    return {**res, "timeout_min": int(base_timeout_min) * res["gpus_per_node"]}
 
 
 def pair_summary(plans: list[CellPlan], gpu_gib: float = SLURM_GPU_GIB) -> list[str]:

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from viasd.config import to_dataclass
-from viasd.core.rules import lenient_distribution, verify_block
+from viasd.core.rules import lenient_distribution, verify_block, verify_greedy
 from viasd.core.sampling import confidence, probs_from_logits
 from viasd.engine.drafters import (
     DRAFTERS,
@@ -58,6 +59,7 @@ from viasd.engine.drafters import (
 from viasd.engine.result import DecodeResult
 from viasd.engine.rounds import count_levels
 from viasd.engine.stream import ModelStats
+from viasd.engine.syncs import to_host
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
 from viasd.methods.sd import speculate
@@ -162,12 +164,11 @@ class CascadeSDConfig:
         return int(self.gamma) if self.gamma is not None else sum(lv.tokens for lv in self.levels)
 
 
-def bigram_next(context: torch.Tensor) -> int:
-    """Most frequent successor of ``context[-1]`` in ``context`` (``LongTensor[L]``, ``L ≥ 1``);
+def bigram_next(context: list[int]) -> int:
+    """Most frequent successor of ``context[-1]`` in ``context`` (token ids on the host, ``L ≥ 1``);
     the most frequent token of ``context`` when ``context[-1]`` has no successor (ties: lowest id)."""
-    successors = context[1:][context[:-1] == context[-1]]
-    pool = successors if successors.numel() else context
-    return int(torch.bincount(pool).argmax())
+    pool = [b for a, b in zip(context, context[1:]) if a == context[-1]] or context
+    return max(sorted(counts := Counter(pool)), key=counts.get)  # ties: the lowest id
 
 
 def level_quota(i: int, n_levels: int, tokens: int, k: int, done: int) -> int:
@@ -183,11 +184,8 @@ def inner_quota(lower_tokens: int, k: int, have: int) -> int:
 
 
 class MaxGramDrafter(Drafter):
-    """Prompt lookup with a bigram fallback: always proposes ``k`` tokens (one-hot, no neural cost).
-
-    Args:
-        lookup: the :class:`~viasd.engine.drafters.NgramDrafter` tried first.
-    """
+    """Prompt lookup (``lookup``, an :class:`~viasd.engine.drafters.NgramDrafter`) with a bigram
+    fallback: always proposes ``k`` tokens (one-hot, no neural cost)."""
 
     name = "ngram"
 
@@ -195,20 +193,20 @@ class MaxGramDrafter(Drafter):
         self.lookup, self.vocab = lookup, lookup.vocab
         self.fallback_tokens = 0  # tokens the bigram proposed
 
-    def tokens(self, seq: torch.Tensor, k: int) -> torch.Tensor:
-        """``LongTensor[k]`` after ``seq`` ``[1, L]``: the lookup's tokens, then the bigram's."""
-        found = self.lookup.lookup(seq, k)
-        context = torch.cat([self.lookup.context.to(seq.device), seq[0], found])
-        tokens = found.tolist()
+    def tokens(self, seq: torch.Tensor, k: int, host: list[int] | None = None) -> list[int]:
+        """The ``k`` tokens after ``seq`` ``[1, L]`` (``host``: on the host): the lookup's, then the bigram's."""
+        context = self.lookup.context_ids + (list(host) if host is not None else seq[0].tolist())
+        tokens = self.lookup.lookup_ids(context, k)
+        found = len(tokens)
         while len(tokens) < k:
-            tokens.append(bigram_next(context))
-            context = torch.cat([context, context.new_tensor(tokens[-1:])])
-        self.fallback_tokens += k - found.shape[0]
-        return seq.new_tensor(tokens, dtype=torch.long)
+            tokens.append(bigram_next(context + tokens))
+        self.fallback_tokens += k - found
+        return tokens
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
         """``(LongTensor[k], one-hot [k, V])`` after ``seq`` ``[1, L]``."""
-        out = self.tokens(seq, k)
+        self.last_host = self.tokens(seq, k, host if host is not None and len(host) == seq.shape[1] else None)
+        out = torch.tensor(self.last_host, dtype=torch.long, device=seq.device)
         return out, torch.nn.functional.one_hot(out, self.vocab).float()
 
 
@@ -231,22 +229,27 @@ class VerticalDrafter(Drafter):
         self.drafted = 0  # tokens ``lower`` proposed to ``upper``
         self.accepted = 0  # of those, accepted by ``upper``
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
-        """Up to ``k`` tokens distributed as ``upper``'s ``p``; returns ``(LongTensor[k'], p[k', V])``."""
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
+        """Up to ``k`` tokens following ``upper``'s ``p``: ``(LongTensor[k'], p[k', V])``; one host read per inner round."""
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
         cur, stop = seq, False
         while len(tokens) < k and not stop:
             # The smaller drafter proposes; ``upper`` scores them (+1 position) in one forward.
-            y, p_low = self.lower.propose(cur, inner_quota(self.lower_tokens, k, len(tokens)), gen, rng, min_confidence)
+            at, quota = None if host is None else host + tokens, inner_quota(self.lower_tokens, k, len(tokens))
+            y, p_low = self.lower.propose(cur, quota, gen, rng, min_confidence, host=at)
             m = y.shape[0]
-            logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1)[0]  # [m+1, V]
+            logits = self.upper.stream.logits(torch.cat([cur, y.view(1, -1)], 1), last=m + 1, host=at)[0]  # [m+1, V]
             p_up = probs_from_logits(logits, gen)
-            n, token = verify_block(y, p_low, p_up, rng, self.leniency)
+            if gen.temperature == 0:  # one read: the verdict and the proposal
+                n, token, *y_host = to_host(torch.cat([verify_greedy(y, p_up), y]))
+            else:
+                n, token = verify_block(y, p_low, p_up, rng, self.leniency)
+                y_host = self.lower.last_host if self.lower.last_host is not None else y[:n].tolist()
             self.drafted += m
             self.accepted += n
-            for j, t in enumerate(y[:n].tolist() + [token]):
+            for j, t in enumerate(y_host[:n] + [token]):
                 if min_confidence > 0 and tokens and float(confidence(logits[j])) < min_confidence:
                     stop = True  # same stop rule as ModelDrafter: top probability (temperature 1)
                     break
@@ -257,9 +260,9 @@ class VerticalDrafter(Drafter):
                 raw.append(logits[j])
             cur = torch.cat([seq, seq.new_tensor(tokens).view(1, -1)], 1)
         if not tokens:
-            self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
+            self.last_logits, self.last_host = torch.zeros(0, self.vocab, device=seq.device), []
             return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
-        self.last_logits = torch.stack(raw)
+        self.last_logits, self.last_host = torch.stack(raw), tokens
         return seq.new_tensor(tokens), torch.stack(probs)
 
     def counters(self) -> dict[str, int]:
@@ -320,16 +323,17 @@ class CascadeDrafter(Drafter):
             built.append((d, lv.tokens))
         return cls(built, members, int(pair.target.get_output_embeddings().weight.shape[0]))
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0):
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
         """Cascade draft of up to ``k`` tokens: ``(LongTensor[k'], probs[k', V])``."""
         tokens, probs, raw, owner = [], [], [], []
-        cur, done = seq, 0
+        cur, done, at = seq, 0, host
         for i, (drafter, n_i) in enumerate(self.levels):
             want = level_quota(i, len(self.levels), n_i, k, done)
             if want <= 0:
                 break
-            t, p = drafter.propose(cur, want, gen, rng, min_confidence)
+            t, p = drafter.propose(cur, want, gen, rng, min_confidence, host=at)
             if t.numel():
+                at = None if at is None or drafter.last_host is None else at + drafter.last_host
                 logits = drafter.last_logits
                 tokens.append(t)
                 probs.append(p)

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from viasd.core.rules import verify_block
+from viasd.core.rules import verify_block, verify_greedy
 from viasd.core.sampling import probs_from_logits
 from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
 from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.syncs import to_host
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
 
@@ -54,12 +55,17 @@ def speculate(pair, prompt_ids: torch.Tensor, drafter, policy: LengthPolicy, gen
     out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
     c, rounds = Counters(), []
     while not out.done:
-        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
+        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence, out.ids)
         k = draft.shape[0]
         # The target scores the block in one forward: q at k + 1 positions.
-        q = probs_from_logits(target.logits(torch.cat([out.seq, draft.view(1, -1)], 1), last=k + 1)[0], gen)
-        n, token = verify_block(draft, p, q, rng)
-        emitted = out.commit(draft[:n].tolist() + [token])
+        block = torch.cat([out.seq, draft.view(1, -1)], 1)
+        q = probs_from_logits(target.logits(block, last=k + 1, host=out.ids)[0], gen)
+        if gen.temperature == 0:  # the round's one host sync: the verdict and the drafted tokens
+            n, token, *drafted = to_host(torch.cat([verify_greedy(draft, q), draft]))
+        else:
+            n, token = verify_block(draft, p, q, rng)
+            drafted = drafter.last_host if drafter.last_host is not None else draft[:n].tolist()
+        emitted = out.commit(drafted[:n] + [token])
         policy.update(k, n)
         c.record_round(k, n, emitted)
         extra = on_round(c, k, n) if on_round is not None else {}

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from viasd.core.gate import dense_gate_features, learned_gate_values, next_run
-from viasd.core.rules import verify_block
+from viasd.core.rules import verify_block, verify_greedy
 from viasd.core.sampling import probs_from_logits
 from viasd.core.tiers import ESCALATE, escalate_at_once, escalates_at_start, gate_distribution, route_round
 from viasd.dimr.masks import SPACES, verifier_streams
@@ -66,6 +66,7 @@ from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
 from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
 from viasd.engine.stream import start_sequence
+from viasd.engine.syncs import to_host
 from viasd.errors import ConfigError
 from viasd.methods.gate_file import load_gate
 from viasd.methods.registry import register_method
@@ -180,6 +181,30 @@ class VIASDConfig:
         return self.tiers_on and not escalates_at_start(k, unverified, self.max_unverified)
 
 
+def escalate(full, block: torch.Tensor, y: torch.Tensor, p: torch.Tensor, route, y_host: list[int] | None,
+             committed: list[int], audit: Audit | None, c: Counters, gen, rng) -> tuple[int, int, list[int] | None]:
+    """Tier 3: the full model verifies ``y[route.verify_from:]`` of ``block`` ``[1, L]`` as in ``sd`` (and
+    audits the unverified tokens' rows when ``audit`` is given); ``committed``: the committed tokens on
+    the host. Returns ``(accepted, token, y on the host if read)``. Greedy: one host read."""
+    k, start = y.shape[0], route.verify_from
+    audited = audit.rows(start) if audit is not None else 0  # the free audit: rows of the unverified tokens too
+    known = committed + y_host if y_host is not None else committed
+    logits = full.logits(block, last=k - start + 1 + audited, host=known)[0]
+    q = probs_from_logits(logits[audited:], gen)
+    if gen.temperature == 0:
+        parts = [logits[:audited].argmax(-1), verify_greedy(y[start:], q)] + ([y] if y_host is None else [])
+        read = to_host(torch.cat(parts))
+        best, (n, token) = read[:audited], read[audited:audited + 2]
+        y_host = read[audited + 2:] if y_host is None else y_host
+    else:
+        best = logits[:audited].argmax(-1).tolist() if audited else []
+        n, token = verify_block(y[start:], p[start:], q, rng)
+    if audited:
+        y_host = y_host if y_host is not None else to_host(y)
+        audit.check(c, best, y_host[:start], token_tiers(route, start))
+    return n, token, y_host
+
+
 @register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
 def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
@@ -196,15 +221,17 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
         gate.check(pair.name, slim.plan.layers if slim.plan is not None else None)
     knobs = dict(cfg.gate_knobs(), agreement=cfg.agreement)
     c, rounds, unverified, audit, run = Counters(), [], 0, Audit(), 0
-    while not out.done:
+    greedy = gen.temperature == 0
+    while not out.done:  # host syncs: one per round (the route), one more per escalation (its verdict)
         # 1. draft
-        y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
+        y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence, out.ids)
         k = y.shape[0]
         block = torch.cat([out.seq, y.view(1, -1)], 1)
+        y_host = drafter.last_host
         # 2. slim pass  3. route (no slim pass when no outcome of the round depends on it)
         route = escalate_at_once()
         if cfg.slim_needed(k, unverified):
-            raw = slim.logits(block, last=k + 1)[0]  # [k+1, V]
+            raw = slim.logits(block, last=k + 1, host=out.ids)[0]  # [k+1, V]
             p_gate = gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p)
             q_gate = gate_distribution(raw, cfg.gate_temperature)
             values = None
@@ -213,20 +240,19 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
                 s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
                 values = (s, conf + [float(q_gate[k].max())])
             route = route_round(y, p, probs_from_logits(raw, gen), p_gate, q_gate, rng, unverified=unverified,
-                                values=values, **knobs)
+                                values=values, greedy=greedy, **knobs)
+            y_host = route.draft
         # 4. escalate: the full model verifies y[start:] as in sd  5. commit
         n, token = 0, None
         if route.action == ESCALATE:
-            start = route.verify_from
-            audited = audit.rows(start) if cfg.audit else 0  # the free audit: rows of the unverified tokens too
-            logits = full.logits(block, last=k - start + 1 + audited)[0]
-            if audited:
-                audit.check(c, logits[:audited].argmax(-1).tolist(), y[:start].tolist(), token_tiers(route, start))
-            n, token = verify_block(y[start:], p[start:], probs_from_logits(logits[audited:], gen), rng)
-        tokens = round_tokens(route, y.tolist(), n, token)
+            n, token, y_host = escalate(full, block, y, p, route, y_host, out.ids, audit if cfg.audit else None, c,
+                                        gen, rng)
+        if y_host is None:
+            y_host = to_host(y)
+        tokens = round_tokens(route, y_host, n, token)
         emitted = out.commit(tokens)
         audit.commit(tokens[:emitted], token_tiers(route, emitted), route.action == ESCALATE)
-        kept = count_round(c, route, y.tolist(), tokens, n)
+        kept = count_round(c, route, y_host, tokens, n)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
         run = next_run(run, k, kept)

@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.config import ModelSpec, PairConfig, to_dataclass
+from viasd.engine.compiled import compile_forward
 from viasd.engine.routing import vocab_size_of  # noqa: F401  (re-exported)
 from viasd.errors import ConfigError
 from viasd.models.backend import apply_backend, probe_dtype, resolve_backend
@@ -167,7 +168,10 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
     cfg = pair_config(name_or_cfg)
     for k, v in overrides.items():
         setattr(cfg, k, v)
-    backend = resolve_backend(cfg.backend, cfg.device if cfg.device_map is None else "cuda")
+    if cfg.compile and cfg.backend not in ("auto", "eager"):
+        raise ConfigError(f"+pair.compile=true compiles the model's own linear layers; pair.backend={cfg.backend} "
+                          "replaces them: set pair.backend=eager (or auto)")
+    backend = resolve_backend("eager" if cfg.compile else cfg.backend, cfg.device if cfg.device_map is None else "cuda")
     probe = None
     if cfg.dtype == "auto":
         cfg.dtype, probe = probe_dtype(cfg.device)
@@ -180,7 +184,12 @@ def load_pair(name_or_cfg: str | PairConfig | dict, **overrides: Any) -> ModelPa
             m.to(device=cfg.device, dtype=dtype)
             m.eval()
             apply_backend(m, backend)
+    if cfg.compile:  # after placement: the compiled forward runs the models where they sit
+        for m in unique.values():
+            compile_forward(m, cfg.compile_backend, cfg.compile_cache_len)
     pair.extras["runtime"] = {"dtype": cfg.dtype, "backend": backend, "dtype_probe": probe}
+    if cfg.compile:
+        pair.extras["runtime"]["compile"] = cfg.compile_backend
     pair.extras.update({k: cfg.options[k] for k in MASK_OPTIONS if cfg.options.get(k) is not None})
     return pair
 

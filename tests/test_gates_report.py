@@ -51,6 +51,8 @@ def test_best_points_never_lose_a_problem_ar_solved():
     assert best["thresholds (ratio)"]["method"] == "via_sd b"  # a (2.0×) may lose problem 0, which ar solved
     assert best["thresholds (slim_rel)"]["method"] == "via_sd c" and best["learned"]["method"] == "via_sd e"
     assert "margin-searched mask" not in best  # its only point left a solved problem
+    off = {**rows[3], "predicted_speedup": 1.65, "tier_share/tier1": 0.0, "tier_share/tier2": 0.0}
+    assert best_points(rows[:3] + [off], 75.0).get("thresholds (ratio)") is None  # a gate trusting nothing: sd
 
 
 def test_write_gates_writes_table_figure_and_sources(tmp_path):
@@ -73,3 +75,15 @@ def test_figure_gates_needs_scores(runs_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         replay_cmd.main([f"run={rid}", "method=sd", f"report={tmp_path / 'g'}", "figure=gates"])
     assert "figure=gates bounds quality" in capsys.readouterr().err
+
+
+def test_the_shipped_gates_grid_composes():
+    """``conf/replay/gates_frontier.yaml``: the lossless methods, the paper's gate over four masks and two
+    drafters, slim_rel and the margin-searched mask — every policy composes as ``experiments.run`` would."""
+    from experiments import replay as replay_cmd
+    from viasd.paths import PROJECT_ROOT
+
+    policies = replay_cmd.policies_for(replay_cmd.grid_overrides(str(PROJECT_ROOT / "conf/replay/gates_frontier.yaml")))
+    assert len(policies) == 4 + 96 + 24 + 12
+    assert {p.cfg.agreement for p in policies if p.method == "via_sd"} == {"ratio", "slim_rel"}
+    assert sum(p.cfg.slim.objective == "margin" for p in policies if p.method == "via_sd") == 12

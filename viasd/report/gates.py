@@ -71,10 +71,14 @@ def with_bounds(results: list[dict[str, Any]], ar_scores: list[float]) -> list[d
 
 def best_points(rows: list[dict[str, Any]], ar_quality: float) -> dict[str, dict[str, Any]]:
     """Per reading, the fastest policy whose quality bound's floor is ``ar``'s quality (no problem ``ar``
-    solved can be lost), as ``{reading: row}``; the learned gates are one reading here."""
+    solved can be lost), as ``{reading: row}``; the learned gates are one reading here. A via_sd policy
+    whose gate never trusted a token (tiers 1 and 2 both off: ``sd`` with a slim pass) is no gate and is
+    left out."""
     best: dict[str, dict[str, Any]] = {}
     for r in rows:
         key = "learned" if r["reading"].startswith("learned") else r["reading"]
+        if key != "lossless" and not (r.get("tier_share/tier1", 0) or r.get("tier_share/tier2", 0)):
+            continue
         sp = r.get("predicted_speedup", math.nan)
         if r["quality_lo"] >= ar_quality - 1e-9 and not math.isnan(sp) and sp > best.get(key, {}).get(
                 "predicted_speedup", -math.inf):
@@ -112,7 +116,8 @@ def write_gates(results: list[dict[str, Any]], ar_scores: list[float], metric: s
             f"bound: a problem the policy never left ar's trajectory on scores as ar did; a diverged one is unknown "
             f"until decoded (0–100). Predicted speedup: the cost model's, against ar replayed on the same trajectory. "
             f"{priced_by((replayed or {}).get('cost')).strip()} The fastest policy per reading whose floor is ar's "
-            f"{metric} (no problem ar solved can be lost):\n\n" + "\n".join(lines))
+            f"{metric} (no problem ar solved can be lost) and whose gate trusts some tokens (tier 1 or 2 on):\n\n"
+            + "\n".join(lines))
     runs = [{"run_id": run_id, "ar": None, "ar_command": None}]
     paths = write_table(out, name, f"Gate readings replayed ({len(results)} policies)", HEADER, table, runs, [],
                         note, scale)

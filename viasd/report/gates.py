@@ -12,16 +12,14 @@ margin-searched mask, learned gates (by λ) and the oracle bound.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
 from viasd.analysis.stats import quality_bounds
-from viasd.report.common import save_figure, write_table
-from viasd.report.replayed import priced_by
-from viasd.utils.fs import atomic_write_json
+from viasd.report.common import write_table
+from viasd.report.replayed import priced_by, save_replayed_figure
 
 HEADER = ["policy", "gate reading", "predicted speedup", "quality bound [lo, hi]", "problems diverged",
           "divergences / 100 tokens", "tier 1 / 2 / 3"]
@@ -151,7 +149,4 @@ def write_gates(results: list[dict[str, Any]], ar_scores: list[float], metric: s
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     ax.set_title(f"gate readings replayed over {run_id} ({n} problems)", fontsize=8)
     fig.tight_layout()
-    paths += save_figure(fig, out, name, runs, [], scale)
-    sources = out / f"{name}.sources.json"
-    atomic_write_json(sources, {**json.loads(sources.read_text()), "replay": replayed})
-    return paths
+    return paths + save_replayed_figure(fig, out, name, runs, scale, replayed)

@@ -151,7 +151,14 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
     axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     fig.suptitle(f"replayed frontier over {run_id}", fontsize=8)
     fig.tight_layout()
-    paths += save_figure(fig, out, name, runs, [], scale)
+    return paths + save_replayed_figure(fig, out, name, runs, scale, replayed)
+
+
+def save_replayed_figure(fig, out: Path, name: str, runs: list[dict], scale: str,
+                         replayed: dict[str, Any] | None) -> list[str]:
+    """Save a replay's figure (:func:`~viasd.report.common.save_figure`) and keep ``replayed`` (the replay
+    command and the cost file that priced it) in ``name.sources.json`` under ``"replay"``."""
+    paths = save_figure(fig, out, name, runs, [], scale)
     sources = out / f"{name}.sources.json"
     atomic_write_json(sources, {**json.loads(sources.read_text()), "replay": replayed})
     return paths

@@ -71,7 +71,7 @@ def test_sandbox_section_times_each_isolation_level(tmp_path):
 
     out = tmp_path / "sandbox.json"
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    env.pop("VIASD_DATA_DIR", None)  # the synthetic samples: the same everywhere
+    env["VIASD_DATA_DIR"] = str(tmp_path / "no-data")  # the synthetic samples, even beside ../shared/data (CI)
     r = subprocess.run([sys.executable, "-m", "experiments.bench", "--sandbox", "sandbox_opts.n_samples=2",
                         "sandbox_opts.reps=1", f"sandbox_opts.out={out}"],
                        cwd=tmp_path, env={**env, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,

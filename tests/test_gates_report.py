@@ -75,6 +75,9 @@ def test_figure_gates_needs_scores(runs_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         replay_cmd.main([f"run={rid}", "method=sd", f"report={tmp_path / 'g'}", "figure=gates"])
     assert "figure=gates bounds quality" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        replay_cmd.main([f"run={rid}", "method=sd", f"report={tmp_path / 'g'}", "figure=gate"])
+    assert "use figure=frontier (default) or figure=gates" in capsys.readouterr().err
 
 
 def test_the_shipped_gates_grid_composes():

@@ -1,6 +1,7 @@
 """A replayed frontier records the cost file that priced it by hash, and ``report --check`` calls it stale
 when that file is not what priced it (``viasd/report/frontier_cost.py``): none named, outside the
-repository, missing, other bytes, rows priced by another file. On a tiny traced ``ar`` run."""
+repository, missing, other bytes, rows priced by another file. On a tiny traced ``ar`` run. A compared
+table's predicted speedups (``experiments.compare``, the verdict tables) record theirs the same way."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import json
 
 import pytest
 
+from experiments import compare as compare_cmd
 from experiments import replay as replay_cmd
 from experiments import trace as trace_cmd
 from tests.test_cost import _run, shape_doc, synthetic
-from viasd.analysis.cost import CostModel
+from viasd.analysis.cost import COST, CostModel, cost_name
 from viasd.paths import PROJECT_ROOT
 from viasd.report.check import FRESH, STALE, check_tree
 
@@ -107,3 +109,27 @@ def test_a_frontier_replayed_without_a_cost_file_is_stale(runs_dir, tmp_path, ca
     v = _verdict(tmp_path / "repo", runs_dir)
     assert v.state == STALE and v.reason == "names no cost file that priced its predicted speedups"
     assert "python -m experiments.bench --cost-curve pair=tiny-llama" in v.fix
+
+
+def test_a_compared_table_records_the_cost_files_of_its_predictions_and_is_stale_when_one_changes(runs_dir, capsys):
+    ar, sd = _run("method=ar"), _run("method=sd")
+    meta = json.loads((runs_dir / ar["run_id"] / "meta.json").read_text())
+    cost = runs_dir / COST / cost_name("tiny-llama", meta["runtime"], meta["threads"])
+    CostModel(synthetic()).save(cost)
+    repo = runs_dir.parent
+    out = repo / "pf" / "smoke"
+    assert compare_cmd.main(["--ar", ar["run_id"], sd["run_id"], "--out", str(out), "--name", "cmp"]) == 0
+    capsys.readouterr()
+    sha = hashlib.sha256(cost.read_bytes()).hexdigest()
+    src = json.loads((out / "cmp.sources.json").read_text())
+    record = {"path": str(cost.resolve()), "sha256": sha, "pair": "tiny-llama"}
+    assert src["costs"] == {ar["run_id"]: record, sd["run_id"]: record}
+    assert f"Priced by the cost file `{cost.resolve()}` (sha256 {sha[:12]}…)" in (out / "cmp.md").read_text()
+    assert _verdict(repo, runs_dir).state == FRESH
+    cost.write_text(cost.read_text() + "\n")  # re-measured: other bytes
+    v = _verdict(repo, runs_dir)
+    assert v.state == STALE and f"{ar['run_id']}: its cost file" in v.reason and "changed since it priced it" in v.reason
+    assert "experiments.compare --ar … --out" in v.fix
+    (out / "cmp.sources.json").write_text(json.dumps({k: v for k, v in src.items() if k != "costs"}))
+    v = _verdict(repo, runs_dir)  # written before compared tables recorded their cost files
+    assert v.state == STALE and v.reason.startswith("names no cost file that priced its predicted speedups")

@@ -17,7 +17,8 @@ the runner and the dry run do). Each output is
   that changed), or the folder is not a finished run of that id; a replayed frontier
   (``experiments.replay … report=``) also when it is not priced by the cost file it names, as that
   file is now — none named, outside the repository, missing, other bytes
-  (:mod:`viasd.report.frontier_cost`);
+  (:mod:`viasd.report.frontier_cost`); a compared table with predicted speedups likewise when a cost
+  file its sources record (``costs``) is missing or changed, or it records none;
 * **not checked** when that cannot be decided here: a cell reads an input file absent on this
   machine (an offline data file without ``VIASD_DATA_DIR``, a prompt file, a DIMR mask neither
   searched here nor published), so its run id is unknown; a ``mask: auto`` cell reads a mask only
@@ -57,7 +58,7 @@ from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity, input_files
 from viasd.paths import PROJECT_ROOT, data_dir
 from viasd.report.build import REPORTS, scales
-from viasd.report.frontier_cost import frontier_problem, is_frontier
+from viasd.report.frontier_cost import cost_file_problem, frontier_problem, is_frontier
 from viasd.tracking.store import RENAMED_METHODS, run_id_for
 
 __all__ = ["FRESH", "STALE", "UNCHECKED", "Verdict", "Cell", "composed_cells", "expected_cells", "check_tree",
@@ -266,6 +267,25 @@ def _recomposed(config: dict[str, Any]) -> DictConfig | str:
         return f"its config does not compose now ({type(e).__name__}: {str(e).splitlines()[0]})"
 
 
+def _unpriced(path: Path, files: list[str], src: dict[str, Any], repo: Path) -> Verdict | None:
+    """A compared table whose predicted speedups are not priced by the cost files its sources record
+    (``costs``: run id → :meth:`~viasd.analysis.cost.CostModel.record`), as those files are now: stale;
+    also one with a predicted column written before tables recorded them. None otherwise."""
+    redo = (f"regenerate it (python -m experiments.compare --ar … --out {path.parent} --name {path.name}, or the "
+            "exp report that wrote it) with the committed cost file")
+    if "costs" not in src:
+        md = path.parent / f"{path.name}.md"
+        if md.is_file() and "| predicted speedup" in md.read_text(errors="replace"):
+            return Verdict(path, files, STALE, "names no cost file that priced its predicted speedups (written "
+                           "before compared tables recorded theirs)", redo)
+        return None
+    for rid, cost in (src.get("costs") or {}).items():
+        problem = cost_file_problem(cost, repo) if cost else None
+        if problem is not None:
+            return Verdict(path, files, STALE, f"{rid}: {problem[0]}", redo)
+    return None
+
+
 def _check_compared(path: Path, files: list[str], src: dict[str, Any], stores: list[Path]) -> Verdict:
     fix = (f"re-make its runs with the current code and rerun python -m experiments.compare --ar … --out "
            f"{path.parent} --name {path.name}; or delete {path}.*")
@@ -320,9 +340,10 @@ def default_stores(runs: str | Path) -> list[Path]:
 
 
 def _check_frontier(path: Path, files: list[str], src: dict[str, Any], repo: Path) -> Verdict | None:
-    """A replayed frontier not priced by the cost file it names, as that file is now: stale
-    (:mod:`viasd.report.frontier_cost`); None otherwise (then checked as a compared output: its run)."""
-    problem = frontier_problem(path, src, repo) if is_frontier(path, src) else None
+    """A replayed frontier (:func:`~viasd.report.frontier_cost.is_frontier`) not priced by the cost file it
+    names, as that file is now: stale (:mod:`viasd.report.frontier_cost`); None otherwise (then checked as a
+    compared output: its run)."""
+    problem = frontier_problem(path, src, repo)
     return Verdict(path, files, STALE, *problem) if problem else None
 
 
@@ -348,7 +369,9 @@ def check_tree(roots: list[Path], stores: list[Path], repo: Path = PROJECT_ROOT)
                                             "names the runs it was built from", fix))
                 elif not is_exp:
                     src = json.loads(sources.read_text())
-                    verdicts.append(_check_frontier(path, files, src, repo) or _check_compared(path, files, src, stores))
+                    priced = (_check_frontier(path, files, src, repo) if is_frontier(path, src)
+                              else _unpriced(path, files, src, repo))
+                    verdicts.append(priced or _check_compared(path, files, src, stores))
                 elif not (CONF_DIR / "scale" / name / f"{scale}.yaml").is_file():
                     verdicts.append(Verdict(path, files, STALE, f"exp {name} has no {scale} scale "
                                             f"(conf/scale/{name}/{scale}.yaml)", f"delete {path}.*"))

@@ -130,10 +130,12 @@ def _sources(runs: list[dict], missing: list[str], scale: str) -> dict[str, Any]
 
 
 def write_table(out: Path, name: str, title: str, header: list[str], rows: list[list[Any]], runs: list[dict],
-                missing: list[str], note: str = "", scale: str = "") -> list[str]:
-    """Write ``name.md`` and ``name.tex`` plus ``name.sources.json``; returns the paths."""
+                missing: list[str], note: str = "", scale: str = "", extra: dict[str, Any] | None = None
+                ) -> list[str]:
+    """Write ``name.md`` and ``name.tex`` plus ``name.sources.json`` (``extra``: more keys for it, e.g. the
+    cost files that priced a compared table); returns the paths."""
     title = f"{title} ({scale} scale)" if scale else title
-    src = _sources(runs, missing, scale)
+    src = {**_sources(runs, missing, scale), **(extra or {})}
     table = pd.DataFrame([[_fmt(c) for c in r] for r in rows], columns=header, dtype=str)
     md = [f"# {title}", "", table.to_markdown(index=False, disable_numparse=True)]
     md += ["", f"Runs: {len(runs)} from the run store" + (f"; missing cells: {len(missing)}" if missing else "") + "."

@@ -43,22 +43,35 @@ def frontier_problem(path: Path, src: dict[str, Any], repo: Path = PROJECT_ROOT)
     if not cost.get("path") or not cost.get("sha256"):
         why = "" if "replay" in src else " (written before frontiers recorded theirs)"
         return f"names no cost file that priced its predicted speedups{why}", _fix(command, pair, repo)
-    file = Path(cost["path"]) if Path(cost["path"]).is_absolute() else repo / cost["path"]
-    if not file.resolve().is_relative_to(Path(repo).resolve()):
-        return (f"priced by {cost['path']}, outside the repository (a fresh clone cannot check it)",
-                _fix(command, pair, repo, f"copy it under {COSTS}/, then "))
-    if not file.is_file():
-        return f"its cost file {cost['path']} is missing", _fix(command, pair, repo)
-    now = file_sha256(file)
-    if now != cost["sha256"]:
-        return (f"its cost file {cost['path']} changed since it priced it (sha256 {cost['sha256'][:12]}… recorded, "
-                f"{now[:12]}… now)", f"re-price it: {command}")
+    problem = cost_file_problem(cost, repo)
+    if problem is not None:
+        reason, kind = problem
+        if kind == "outside":
+            return reason, _fix(command, pair, repo, f"copy it under {COSTS}/, then ")
+        return reason, (_fix(command, pair, repo) if kind == "missing" else f"re-price it: {command}")
     rows = path.parent / f"{path.name}.rows.json"
     if rows.is_file():
         other = [r.get("method") for r in json.loads(rows.read_text()) if r.get("cost_sha256") != cost["sha256"]]
         if other:
             return (f"{len(other)} rows of {rows.name} were priced by another cost file than its table "
                     f"(first: {other[0]})", f"re-price it: {command}")
+    return None
+
+
+def cost_file_problem(cost: dict[str, Any], repo: Path = PROJECT_ROOT) -> tuple[str, str] | None:
+    """``(reason, kind)`` when the cost file a record names (:meth:`~viasd.analysis.cost.CostModel.record`:
+    ``path``, ``sha256``) is not what priced it now, ``kind`` one of ``outside`` (not in ``repo``: a fresh
+    clone cannot check it), ``missing``, ``changed`` (other bytes); None when it still is. Shared by the
+    frontiers and the compared tables (:mod:`viasd.report.check`)."""
+    file = Path(cost["path"]) if Path(cost["path"]).is_absolute() else repo / cost["path"]
+    if not file.resolve().is_relative_to(Path(repo).resolve()):
+        return f"priced by {cost['path']}, outside the repository (a fresh clone cannot check it)", "outside"
+    if not file.is_file():
+        return f"its cost file {cost['path']} is missing", "missing"
+    now = file_sha256(file)
+    if now != cost["sha256"]:
+        return (f"its cost file {cost['path']} changed since it priced it (sha256 {cost['sha256'][:12]}… recorded, "
+                f"{now[:12]}… now)", "changed")
     return None
 
 

@@ -9,7 +9,9 @@ everything but the method and the subset size). This module owns that comparison
 * speed: tokens/s summed over the shared example ids only (new tokens / decode seconds), its
   ratio to the ``ar`` run's on the same ids with a bootstrap 95% interval over examples, and the
   cost model's load-free prediction of that ratio (when the pair's cost file is in the store), and
-  the same ratio in process CPU seconds (``cpu_s``, where both runs recorded it);
+  the same ratio in process CPU seconds (``cpu_s``, where both runs recorded it); the written
+  sources record, per run, the cost file that priced its prediction by hash (``costs``), so
+  ``report --check`` calls the table stale when that file is missing or changed;
 * the rejection rate (Σ rejected / Σ drafted: ``docs/metrics.md``) and the target model's calls per
   new token, each a ratio of sums over the shared examples with a bootstrap 95% interval;
 * the lossless promise: per example, are the token ids those of ``ar``?
@@ -33,6 +35,7 @@ from viasd.analysis.paired import (
     differences,
     load_run,
     load_unfinished,
+    run_cost,
     workload_without_subset,
 )
 from viasd.analysis.stats import Paired, share_ci
@@ -67,8 +70,12 @@ def _ratio_cell(ratio: Paired, digits: int) -> str:
     return "–" if math.isnan(ratio.estimate) else f"{ratio.estimate:.{digits}f} {ratio.interval(digits)}"
 
 
-def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | None = None) -> list[Any]:
-    cmp = compare_to_ar(store, run, ar)
+def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | None = None
+         ) -> tuple[list[Any], dict[str, Any] | None]:
+    """One table row of ``run`` against ``ar`` and the record of the cost file that priced its predicted
+    speedup (:meth:`~viasd.analysis.cost.CostModel.record`; None: no cost file, no prediction)."""
+    cost = run_cost(store, run)
+    cmp = compare_to_ar(store, run, ar, cost)
     by_id = {e["id"]: e for e in run["examples"]}
     ids = cmp["ids"]
     tokens = sum(by_id[i]["new_tokens"] for i in ids)
@@ -81,7 +88,8 @@ def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | 
                 if not math.isnan(cpu.estimate) else "– (no cpu_s)")
     return [label or run["summary"].get("method"), run["run_id"], len(ids), tokens, tokens / max(secs, 1e-9),
             cmp["speedup"].estimate, *cells[:2], cpu_cell, _ratio_cell(rejection, 3), _ratio_cell(calls, 3),
-            f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]]
+            f"{cmp['same_tokens']}/{len(ids)}", cmp["quality_mean"], cmp["ar_quality_mean"], *cells[2:]
+            ], (cost.record() if cost is not None and ids else None)
 
 
 def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = (),
@@ -96,13 +104,15 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     being decoded count too, on their complete examples (an interim reading of an interleaved exp;
     each row on the ids it shares with ``ar``, and examples not yet scored have no quality).
     ``labels``: a row's name by run id (an interleaved exp's variant labels; default: the method).
+    Each of ``runs`` carries ``cost``: the record of the cost file that priced its predicted speedup.
     """
     labels = labels or {}
     ar = _finished(store, ar_id, unfinished)
     if ar["summary"].get("method") != "ar":
         raise ConfigError(f"{ar_id} is a {ar['summary'].get('method')!r} run; pass an ar run as the baseline")
     ar_ids = [e["id"] for e in ar["examples"]]
-    rows, runs = [_row(store, ar, ar, labels.get(ar_id))], [ar]
+    row, cost = _row(store, ar, ar, labels.get(ar_id))
+    rows, runs, costs = [row], [ar], {ar_id: cost}
     ignored: set[str] = set()
     for run_id in run_ids:
         run = _finished(store, run_id, unfinished)
@@ -116,10 +126,12 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
         if len(ids) < len(run["examples"]) and not unfinished:
             raise ConfigError(f"{run_id} has examples the ar run {ar_id} lacks; run ar on a superset "
                               f"(a larger task.n_examples with the same task.seed)")
-        rows.append(_row(store, run, ar, labels.get(run_id)))
+        row, costs[run_id] = _row(store, run, ar, labels.get(run_id))
+        rows.append(row)
         runs.append(run)
     _, rows = with_isolation(HEADER, rows, [code_isolation(r["summary"], r.get("meta")) for r in runs])
-    runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None} for r in runs]
+    runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None, "cost": costs[r["run_id"]]}
+            for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
             f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
             f"seconds summed over those examples. Intervals: bootstrap 95% over examples (speedups, continuous "
@@ -145,6 +157,11 @@ def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, 
     rows, runs, note = shared_table(store, ar_id, run_ids, ignore, labels=labels)
     note = f"{legend} {note}" if legend else note
     header = shared_header(rows)
-    paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale)
+    costs = {r["run_id"]: r["cost"] for r in runs}
+    priced = {c["sha256"]: c for c in costs.values() if c}
+    if priced:
+        note += " Priced by " + "; ".join(f"the cost file `{c['path']}` (sha256 {c['sha256'][:12]}…)"
+                                          for c in priced.values()) + "."
+    paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale, extra={"costs": costs})
     atomic_write_json(out / f"{name}.rows.json", {"header": header, "rows": rows})
     return paths

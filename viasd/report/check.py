@@ -58,7 +58,7 @@ from viasd.harness.prereq import cell_mask_source
 from viasd.harness.runner import identity, input_files
 from viasd.paths import PROJECT_ROOT, data_dir
 from viasd.report.build import REPORTS, scales
-from viasd.report.frontier_cost import cost_file_problem, frontier_problem, is_frontier
+from viasd.report.frontier_cost import compared_problem, frontier_problem, is_frontier
 from viasd.tracking.store import RENAMED_METHODS, run_id_for
 
 __all__ = ["FRESH", "STALE", "UNCHECKED", "Verdict", "Cell", "composed_cells", "expected_cells", "check_tree",
@@ -267,25 +267,6 @@ def _recomposed(config: dict[str, Any]) -> DictConfig | str:
         return f"its config does not compose now ({type(e).__name__}: {str(e).splitlines()[0]})"
 
 
-def _unpriced(path: Path, files: list[str], src: dict[str, Any], repo: Path) -> Verdict | None:
-    """A compared table whose predicted speedups are not priced by the cost files its sources record
-    (``costs``: run id → :meth:`~viasd.analysis.cost.CostModel.record`), as those files are now: stale;
-    also one with a predicted column written before tables recorded them. None otherwise."""
-    redo = (f"regenerate it (python -m experiments.compare --ar … --out {path.parent} --name {path.name}, or the "
-            "exp report that wrote it) with the committed cost file")
-    if "costs" not in src:
-        md = path.parent / f"{path.name}.md"
-        if md.is_file() and "| predicted speedup" in md.read_text(errors="replace"):
-            return Verdict(path, files, STALE, "names no cost file that priced its predicted speedups (written "
-                           "before compared tables recorded theirs)", redo)
-        return None
-    for rid, cost in (src.get("costs") or {}).items():
-        problem = cost_file_problem(cost, repo) if cost else None
-        if problem is not None:
-            return Verdict(path, files, STALE, f"{rid}: {problem[0]}", redo)
-    return None
-
-
 def _check_compared(path: Path, files: list[str], src: dict[str, Any], stores: list[Path]) -> Verdict:
     fix = (f"re-make its runs with the current code and rerun python -m experiments.compare --ar … --out "
            f"{path.parent} --name {path.name}; or delete {path}.*")
@@ -339,14 +320,6 @@ def default_stores(runs: str | Path) -> list[Path]:
     return [Path(runs)] + ([results] if results.is_dir() else [])
 
 
-def _check_frontier(path: Path, files: list[str], src: dict[str, Any], repo: Path) -> Verdict | None:
-    """A replayed frontier (:func:`~viasd.report.frontier_cost.is_frontier`) not priced by the cost file it
-    names, as that file is now: stale (:mod:`viasd.report.frontier_cost`); None otherwise (then checked as a
-    compared output: its run)."""
-    problem = frontier_problem(path, src, repo)
-    return Verdict(path, files, STALE, *problem) if problem else None
-
-
 def check_tree(roots: list[Path], stores: list[Path], repo: Path = PROJECT_ROOT) -> tuple[list[Verdict], list[Path]]:
     """Verdicts of every output under ``roots`` and the benchmark outputs skipped (no sources); ``repo``:
     the repository a frontier's cost file must lie in."""
@@ -369,9 +342,10 @@ def check_tree(roots: list[Path], stores: list[Path], repo: Path = PROJECT_ROOT)
                                             "names the runs it was built from", fix))
                 elif not is_exp:
                     src = json.loads(sources.read_text())
-                    priced = (_check_frontier(path, files, src, repo) if is_frontier(path, src)
-                              else _unpriced(path, files, src, repo))
-                    verdicts.append(priced or _check_compared(path, files, src, stores))
+                    unpriced = (frontier_problem(path, src, repo) if is_frontier(path, src)
+                                else compared_problem(path, src, repo))
+                    verdicts.append(Verdict(path, files, STALE, *unpriced) if unpriced
+                                    else _check_compared(path, files, src, stores))
                 elif not (CONF_DIR / "scale" / name / f"{scale}.yaml").is_file():
                     verdicts.append(Verdict(path, files, STALE, f"exp {name} has no {scale} scale "
                                             f"(conf/scale/{name}/{scale}.yaml)", f"delete {path}.*"))

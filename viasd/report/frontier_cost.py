@@ -8,7 +8,8 @@ as good as that file, so :func:`frontier_problem` calls it stale when it names n
 frontier written before the record existed), when the file lies outside the repository (a fresh clone
 cannot read it), is missing, or hashes differently now, or when the rows of its ``NAME.rows.json``
 (``out=``) were priced by another file than its table. The fix is the replay command that re-prices it
-(``docs/replay.md`` §9).
+(``docs/replay.md`` §9). :func:`compared_problem` does the same for a compared table's predicted
+speedups (the cost files its sources record under ``costs``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,31 @@ def frontier_problem(path: Path, src: dict[str, Any], repo: Path = PROJECT_ROOT)
     return None
 
 
+def compared_problem(path: Path, src: dict[str, Any], repo: Path = PROJECT_ROOT) -> tuple[str, str] | None:
+    """``(reason, fix)`` when a compared table ``path`` (``experiments.compare``'s, a verdict table) has
+    predicted speedups not priced by the cost files its sources record (``costs``: run id →
+    :meth:`~viasd.analysis.cost.CostModel.record`) as those files are now, or has a predicted column but
+    records none (written before compared tables recorded them); None otherwise."""
+    redo = (f"regenerate it (python -m experiments.compare --ar … --out {path.parent} --name {path.name}, or the "
+            "exp report that wrote it) with the committed cost file")
+    if "costs" not in src:
+        md = path.parent / f"{path.name}.md"
+        if md.is_file() and "| predicted speedup" in md.read_text(errors="replace"):
+            return ("names no cost file that priced its predicted speedups (written before compared tables "
+                    "recorded theirs)", redo)
+        return None
+    for rid, cost in (src.get("costs") or {}).items():
+        problem = cost_file_problem(cost, repo) if cost else None
+        if problem is not None:
+            return f"{rid}: {problem[0]}", redo
+    return None
+
+
 def cost_file_problem(cost: dict[str, Any], repo: Path = PROJECT_ROOT) -> tuple[str, str] | None:
     """``(reason, kind)`` when the cost file a record names (:meth:`~viasd.analysis.cost.CostModel.record`:
     ``path``, ``sha256``) is not what priced it now, ``kind`` one of ``outside`` (not in ``repo``: a fresh
     clone cannot check it), ``missing``, ``changed`` (other bytes); None when it still is. Shared by the
-    frontiers and the compared tables (:mod:`viasd.report.check`)."""
+    frontiers and the compared tables (:func:`compared_problem`)."""
     file = Path(cost["path"]) if Path(cost["path"]).is_absolute() else repo / cost["path"]
     if not file.resolve().is_relative_to(Path(repo).resolve()):
         return f"priced by {cost['path']}, outside the repository (a fresh clone cannot check it)", "outside"

@@ -214,29 +214,17 @@ def test_composed_cells_are_the_grids_cells(hydra):
     assert [OmegaConf.to_yaml(c, resolve=True) for _, c in fast] == [OmegaConf.to_yaml(c, resolve=True) for _, c in full]
 
 
-#: Committed frontiers replayed before frontiers recorded the cost file that priced them (issue 45, item 6):
-#: stale, for that reason only, until re-priced (`python -m experiments.report --check` prints each one's
-#: replay command). Remove a name here when its re-priced frontier is committed.
-UNPRICED_FRONTIERS = {f"cpu-large/{n}" for n in ("table4_replay_gsm8k",)}
-
-
 def test_no_committed_output_is_stale(hydra, monkeypatch, tmp_path):
     """Checked as a fresh clone sees the tree: an empty cache, so a DIMR mask the user searched
     (which ``method.slim.mask: auto`` reads before the pair's shipped list) cannot make committed
     outputs look stale on one machine and fresh on another; with the data folder, none is unchecked.
-    The frontiers of :data:`UNPRICED_FRONTIERS` are stale for naming no cost file, and for nothing else."""
+    Every committed frontier is priced by a committed cost file (none is exempt)."""
     monkeypatch.setenv("VIASD_CACHE_DIR", str(tmp_path / "cache"))
     if REAL_DATA_DIR is not None:
         monkeypatch.setenv("VIASD_DATA_DIR", str(REAL_DATA_DIR))
     verdicts, _ = check_tree([PROJECT_ROOT / "paper_figures", PROJECT_ROOT / "bench_results"],
                              default_stores(runs_dir()))
-    name = (lambda v: f"{v.path.parent.name}/{v.path.name}")
-    unpriced = {name(v): v for v in verdicts if name(v) in UNPRICED_FRONTIERS}
-    repriced = sorted(n for n in UNPRICED_FRONTIERS if n not in unpriced or unpriced[n].state != STALE)
-    assert not repriced, f"re-priced (or gone): remove {repriced} from UNPRICED_FRONTIERS"
-    assert all(v.reason.endswith("(written before frontiers recorded theirs)") for v in unpriced.values()), \
-        [v.line() for v in unpriced.values()]
-    stale = [f"{v.line()}\n    fix: {v.fix}" for v in verdicts if v.state == STALE and name(v) not in UNPRICED_FRONTIERS]
+    stale = [f"{v.line()}\n    fix: {v.fix}" for v in verdicts if v.state == STALE]
     assert not stale, "stale committed outputs:\n" + "\n".join(stale)
     if REAL_DATA_DIR is not None:  # with the data, a fresh clone decides every output: the masks its runs read
         unchecked = [v.line() for v in verdicts if v.state == UNCHECKED]  # are published (results/runs/_masks)

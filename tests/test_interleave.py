@@ -146,3 +146,24 @@ def test_a_multi_task_exp_names_its_tables_by_task_also_while_some_tasks_decode(
     assert table_names("verdict", list(ar.values()), cells) == ["verdict_humaneval", "verdict_mbpp", "verdict_gsm8k"]
     assert table_names("main", ["p__ar__prompts__a"], ["p__ar__prompts__a", "p__sd_ngram__prompts__b"]) == ["main"]
     assert table_names("main", ["p__ar__prompts__a", "p__ar__prompts__b"], []) == ["main_1", "main_2"]
+
+
+def test_a_cell_added_after_ar_finished_is_named_in_the_tables_note_as_decoded_apart(runs_dir, tmp_path):
+    """A variant added to an exp whose other cells finished is decoded alone (its meta.json says so); the
+    table keeps its row but its note names it as not decoded beside ``ar`` (its timed speedups compare two
+    sessions), and names none of the cells that were."""
+    from viasd.report.build import build_all
+
+    first = ["+exp=main", "scale=smoke", "generation.max_new_tokens=6"]
+    later = first + ['+exp.variants.ngram3=["method=sd_ngram","method.gamma=3"]']
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        for overrides in (first, later):  # the second decodes only the cell the first did not have
+            job, cfg = _group(overrides)
+            run_interleaved(cfg, job)
+        out = build_all(tmp_path / "pf", RunStore(runs_dir), "smoke", ["main"], overrides=later[2:])
+    assert not isinstance(out["main"], str), out
+    md = (tmp_path / "pf" / "smoke" / "main.md").read_text()
+    assert [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| ") and "__" in ln] == \
+        ["ar", "sd_ngram", "ngram3"]
+    note = md[md.index("Not decoded beside"):]
+    assert "`ngram3`" in note and "`sd_ngram`" not in note.split(": their speedup")[0]

@@ -92,6 +92,14 @@ def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | 
             ], (cost.record() if cost is not None and ids else None)
 
 
+def decoded_apart(run: dict[str, Any], ar_id: str) -> bool:
+    """Whether an interleaved ``run`` was decoded without its ``ar`` cell beside it (a cell added to an exp
+    after the others finished: its ``meta.json`` ``schedule.decoded_with`` lacks ``ar_id``), so its wall and
+    CPU-time speedups divide seconds measured in another process, under another load."""
+    beside = ((run.get("meta") or {}).get("schedule") or {}).get("decoded_with")
+    return isinstance(beside, list) and ar_id not in beside
+
+
 def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[str, ...] = (),
                  unfinished: bool = False, labels: dict[str, str] | None = None
                  ) -> tuple[list[list[Any]], list[dict[str, Any]], str]:
@@ -129,6 +137,7 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
         row, costs[run_id] = _row(store, run, ar, labels.get(run_id))
         rows.append(row)
         runs.append(run)
+    apart = [labels.get(r["run_id"]) or r["run_id"] for r in runs[1:] if decoded_apart(r, ar_id)]
     _, rows = with_isolation(HEADER, rows, [code_isolation(r["summary"], r.get("meta")) for r in runs])
     runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None, "cost": costs[r["run_id"]]}
             for r in runs]
@@ -139,7 +148,10 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
             f"prices each example's forward calls with the pair's measured cost file (load-free); the CPU-time "
             f"speedup divides process CPU seconds (`cpu_s`; one torch thread), which a descheduled process or a "
             f"paused machine does not advance, where the wall clock does."
-            + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else ""))
+            + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else "")
+            + (f" Not decoded beside `{ar_id}` (added after it finished; meta.json `schedule.decoded_with`): "
+               f"{', '.join(f'`{a}`' for a in apart)}: their speedup and CPU-time speedup compare two sessions' "
+               f"loads; read their predicted speedup." if apart else ""))
     return rows, runs, note
 
 

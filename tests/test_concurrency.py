@@ -103,3 +103,16 @@ def test_two_identical_grids_on_one_store_decode_every_cell_once(tmp_path):
     assert all("all 3 runs finished" in o for o, _ in outs)
     assert sum(o.count("run folder:") for o, _ in outs) == 3  # every cell decoded by one grid only
     assert {r["run_id"] for r in RunStore(runs).finished_runs()} == {p.name for p in runs.iterdir() if p.is_dir()}
+
+
+def test_a_folder_killed_while_its_holder_note_was_written_is_empty_not_invalid(tmp_path):
+    """A kill inside the lock's atomic write of ``.holder.json`` leaves its temporary file and nothing else
+    (seen once under a SIGKILL in test_killed_grid_resumes_…): that folder holds no run, so it is empty
+    (dropped when its lock is released), never an invalid run set aside in ``_invalid/``."""
+    store = RunStore(tmp_path)
+    folder = tmp_path / "tiny-llama__sd__xsum__e8670108bc"
+    folder.mkdir()
+    (folder / "..holder.json.o9wx9_r6.tmp").write_text('{"pid": 1}')
+    assert inspect(folder).state == "empty"
+    store.drop_if_empty(folder.name)
+    assert not folder.exists() and not (tmp_path / "_invalid").exists()

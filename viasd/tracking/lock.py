@@ -24,6 +24,12 @@ from viasd.utils.fs import atomic_write_json
 LOCK_NAME, HOLDER_NAME = ".lock", ".holder.json"
 
 
+def is_lock_file(name: str) -> bool:
+    """Whether a file of a run folder belongs to its lock, not its record: the lock, the holder note, or the
+    temporary file of a holder note whose atomic write was killed (``viasd.utils.fs.atomic_write_text``)."""
+    return name in (LOCK_NAME, HOLDER_NAME) or (name.startswith(f".{HOLDER_NAME}.") and name.endswith(".tmp"))
+
+
 class RunLock:
     """The lock of one run folder (the folder is created when the lock is first taken)."""
 

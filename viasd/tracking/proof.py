@@ -44,7 +44,7 @@ import yaml
 
 from viasd.errors import ConfigError
 from viasd.tracking.ids import config_hash, run_ids_of
-from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME
+from viasd.tracking.lock import is_lock_file
 
 FINISHED, UNFINISHED, INVALID, EMPTY = "finished", "unfinished", "invalid", "empty"
 
@@ -222,7 +222,7 @@ def _checksum_problem(path: Path, summary: dict[str, Any], meta: dict[str, Any] 
 
 
 def _check(path: Path) -> Verdict:
-    if all(p.name in (LOCK_NAME, HOLDER_NAME) for p in path.iterdir()):
+    if all(is_lock_file(p.name) for p in path.iterdir()):
         return Verdict(path, EMPTY, "no run files (a run that stopped before writing any, or one starting now)")
     cfg, problem = _config(path)
     if problem:

@@ -53,7 +53,7 @@ from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names 
     run_id_for,
     run_id_problem,
 )
-from viasd.tracking.lock import HOLDER_NAME, LOCK_NAME, RunLock
+from viasd.tracking.lock import RunLock, is_lock_file
 from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, record_sha256, reserved
 from viasd.tracking.store_errors import (  # noqa: F401  (re-exported: the store's errors)
     FULL_DISK,
@@ -294,7 +294,7 @@ class RunStore:
     def drop_if_empty(self, run_id: str) -> None:
         """Remove the folder of ``run_id`` if it holds nothing but lock files (call with the lock released)."""
         path = self.path(run_id)
-        if path.is_dir() and all(p.name in (LOCK_NAME, HOLDER_NAME) for p in path.iterdir()):
+        if path.is_dir() and all(is_lock_file(p.name) for p in path.iterdir()):
             for p in path.iterdir():
                 p.unlink(missing_ok=True)
             path.rmdir()
@@ -309,7 +309,7 @@ class RunStore:
             dest = dest.with_name(f"{dest.name}.{stamp}.{time.time_ns() % 10**6}")
         dest.mkdir(parents=True)
         for p in src.iterdir():
-            if p.name not in (LOCK_NAME, HOLDER_NAME):
+            if not is_lock_file(p.name):
                 shutil.move(str(p), str(dest / p.name))
         atomic_write_text(dest / "reason.txt", reason + "\n")
         return dest

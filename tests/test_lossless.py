@@ -51,6 +51,24 @@ def test_sd_equals_greedy_target(family):
                 assert c.accepted + c.rounds == len(ref) and c.accepted <= c.drafted <= 3 * c.rounds
 
 
+def test_speculative_methods_stop_at_a_stop_string_where_ar_does():
+    """Every stop rule is checked token by token, so a drafted block never runs past a stop string. Stop strings (QA, translation, summaries) reach transformers' assisted generation as a stopping
+    criterion of the target alone: handed over in the generation config, the assistant's own ``generate``
+    refuses them for lack of a tokenizer."""
+    pair = tiny_pair("llama")
+    ids = pair.encode(PROMPTS[1])
+    free = decode(pair, ids, "ar", gen={"max_new_tokens": 24, "ignore_eos": True}).tokens
+    stop = next(t for t in (pair.tokenizer.decode(free[k:k + 2]) for k in range(6, 20)) if t.strip())
+    gen = {"max_new_tokens": 24, "ignore_eos": True, "stop_strings": [stop]}
+    ref = decode(pair, ids, "ar", gen=gen).tokens
+    assert len(ref) < len(free) and stop in pair.tokenizer.decode(ref)
+    assert decode(pair, ids, "hf_assisted", {"gamma": 3}, gen=gen).tokens == ref
+    assert decode(pair, ids, "hf_prompt_lookup", {"gamma": 3}, gen=gen).tokens == ref
+    for gamma in (3, 8):  # a verified block that completes the stop string keeps nothing after it
+        res = decode(pair, ids, "sd", {"gamma": gamma}, gen=gen)
+        assert res.tokens == ref and res.stop_reason == "stop_string"
+
+
 def test_hf_prompt_lookup_refuses_encoder_decoder():
     from viasd.errors import ConfigError
 

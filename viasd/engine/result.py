@@ -185,7 +185,9 @@ class Output:
         return self.gen.max_new_tokens - len(self.new)
 
     def commit(self, tokens: list[int]) -> int:
-        """Append ``tokens`` until a stop rule fires; returns how many were kept."""
+        """Append ``tokens`` until a stop rule fires; returns how many were kept. Every rule is checked
+        token by token, so a block that completes a stop string keeps nothing after it: the output is
+        ``ar``'s whatever the block size."""
         kept = 0
         for t in tokens:
             if self.done:
@@ -196,15 +198,21 @@ class Output:
                 self.stop_reason = "eos"
             elif len(self.new) >= self.gen.max_new_tokens:
                 self.stop_reason = "max_new_tokens"
+            elif self._ends_with_stop_string():
+                self.stop_reason = "stop_string"
         if kept:
             self.ids += self.new[-kept:]
             add = torch.tensor([self.new[-kept:]], dtype=self.seq.dtype, device=self.seq.device)
             self.seq = torch.cat([self.seq, add], dim=1)
-        if not self.done and self.gen.stop_strings and self.tokenizer is not None:
-            tail = self.tokenizer.decode(self.new[-64:])
-            if any(s in tail for s in self.gen.stop_strings):
-                self.stop_reason = "stop_string"
         return kept
+
+    def _ends_with_stop_string(self) -> bool:
+        """Whether the last tokens' text holds a stop string (checked after each token, so the first
+        token that completes one is the last kept)."""
+        if not self.gen.stop_strings or self.tokenizer is None:
+            return False
+        tail = self.tokenizer.decode(self.new[-64:])
+        return any(s in tail for s in self.gen.stop_strings)
 
 
 def aggregate(results: list[DecodeResult] | list[dict[str, Any]]) -> dict[str, Any]:

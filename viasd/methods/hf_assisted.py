@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig as HFGenerationConfig
+from transformers import StoppingCriteriaList, StopStringCriteria
 
-from viasd.engine.result import Counters, DecodeResult
+from viasd.engine.result import Counters, DecodeResult, Output
 from viasd.engine.stream import ModelStats, layer_count
 from viasd.errors import ConfigError, no_draft_model
 from viasd.methods.registry import register_method
@@ -70,6 +71,16 @@ def _count(model: torch.nn.Module, stats: ModelStats):
     return [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post, with_kwargs=True)]
 
 
+def _stop_criteria(pair, gen) -> StoppingCriteriaList | None:
+    """The task's stop strings as a stopping criterion of the target's ``generate`` (transformers'
+    ``StopStringCriteria``, what ``stop_strings=`` builds). Not as ``stop_strings=`` in the generation
+    config: assisted generation hands that config to the assistant's own ``generate`` without the
+    tokenizer, which then refuses it (transformers 5.x); a criterion passed here stops the target only."""
+    if not gen.stop_strings:
+        return None
+    return StoppingCriteriaList([StopStringCriteria(pair.tokenizer, list(gen.stop_strings))])
+
+
 def _generate(pair, prompt_ids, gen, rng, models: dict[str, torch.nn.Module], **speculation):
     """``pair.target.generate`` of one prompt ``[1, P]`` with ``speculation`` (assistant or lookup
     settings), counting every model of ``models``; → (new tokens, ``{name: ModelStats}``, seconds)."""
@@ -82,7 +93,6 @@ def _generate(pair, prompt_ids, gen, rng, models: dict[str, torch.nn.Module], **
         top_p=gen.top_p if gen.temperature > 0 else None,
         eos_token_id=eos or [-1],  # [-1]: no token stops generation (ignore_eos) without suppressing EOS
         pad_token_id=pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0],
-        stop_strings=gen.stop_strings or None,
         decoder_start_token_id=getattr(pair.target.config, "decoder_start_token_id", None),
         **{k: v for k, v in speculation.items() if k != "assistant_model"},
     )
@@ -95,7 +105,7 @@ def _generate(pair, prompt_ids, gen, rng, models: dict[str, torch.nn.Module], **
             out = pair.target.generate(
                 input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids),
                 assistant_model=speculation.get("assistant_model"), generation_config=hf_gen,
-                tokenizer=pair.tokenizer if gen.stop_strings else None)
+                stopping_criteria=_stop_criteria(pair, gen))
     finally:
         for h in hooks:
             h.remove()
@@ -103,8 +113,13 @@ def _generate(pair, prompt_ids, gen, rng, models: dict[str, torch.nn.Module], **
     return out[0, skip:].tolist(), stats, time.perf_counter() - t0
 
 
-def _stop_reason(tokens: list[int], gen, pair) -> str:
-    return "eos" if tokens and tokens[-1] in set(gen.eos_ids(pair)) else "max_new_tokens"
+def _committed(pair, prompt_ids, gen, tokens: list[int]) -> tuple[list[int], str]:
+    """``(tokens, stop reason)`` of transformers' output cut by our stop rules (:class:`Output`, token by token):
+    its assisted loop checks stopping criteria once per verified block, so a block that completes a stop
+    string returns the tokens after it, which ``ar`` never emits."""
+    out = Output(prompt_ids, gen, gen.eos_ids(pair), pair.tokenizer)
+    out.commit(tokens)
+    return out.new, out.stop_reason or "max_new_tokens"
 
 
 @register_method("hf_assisted", HFAssistedConfig, lossless=True, description="transformers assisted generation")
@@ -112,17 +127,18 @@ def hf_assisted(pair, prompt_ids, cfg: HFAssistedConfig, gen, rng) -> DecodeResu
     """Assisted generation of one prompt ``[1, P]`` through ``transformers``."""
     if pair.draft is None:
         raise no_draft_model("method=hf_assisted", pair.name)
-    tokens, stats, wall = _generate(
+    raw, stats, wall = _generate(
         pair, prompt_ids, gen, rng, {"draft": pair.draft, "target": pair.target}, assistant_model=pair.draft,
         num_assistant_tokens=int(cfg.gamma), num_assistant_tokens_schedule="constant",
         assistant_confidence_threshold=0.0)
     c = Counters(rounds=stats["target"].calls)
     c.drafted = stats["draft"].calls - (1 if pair.is_encoder_decoder else 0)
-    c.accepted = max(0, len(tokens) - c.rounds)
+    c.accepted = max(0, len(raw) - c.rounds)  # of what the target verified, before our stop rules cut it
     c.rejected = max(0, c.drafted - c.accepted)
     if pair.is_encoder_decoder:  # the encoder call of each model is not a decoding step
         c.rounds = max(0, c.rounds - 1)
-    return DecodeResult("hf_assisted", prompt_ids.shape[1], tokens, [], c, stats, wall, _stop_reason(tokens, gen, pair))
+    tokens, stop = _committed(pair, prompt_ids, gen, raw)
+    return DecodeResult("hf_assisted", prompt_ids.shape[1], tokens, [], c, stats, wall, stop)
 
 
 @register_method("hf_prompt_lookup", HFPromptLookupConfig, lossless=True,
@@ -132,13 +148,13 @@ def hf_prompt_lookup(pair, prompt_ids, cfg: HFPromptLookupConfig, gen, rng) -> D
     if pair.is_encoder_decoder:
         raise ConfigError("method=hf_prompt_lookup runs decoder-only targets (transformers' prompt lookup "
                           "reads candidates from the decoder input); use method=sd_ngram for encoder-decoder pairs")
-    tokens, stats, wall = _generate(pair, prompt_ids, gen, rng, {"target": pair.target},
+    raw, stats, wall = _generate(pair, prompt_ids, gen, rng, {"target": pair.target},
                                     prompt_lookup_num_tokens=int(cfg.gamma), max_matching_ngram_size=int(cfg.max_ngram))
     t = stats["target"]
     c = Counters(rounds=t.calls)
     # every call feeds the uncached committed token (the first: the prompt) plus the candidates
     c.drafted = max(0, t.tokens - prompt_ids.shape[1] - max(0, t.calls - 1))
-    c.accepted = max(0, len(tokens) - c.rounds)
+    c.accepted = max(0, len(raw) - c.rounds)
     c.rejected = max(0, c.drafted - c.accepted)
-    return DecodeResult("hf_prompt_lookup", prompt_ids.shape[1], tokens, [], c, stats, wall,
-                        _stop_reason(tokens, gen, pair))
+    tokens, stop = _committed(pair, prompt_ids, gen, raw)
+    return DecodeResult("hf_prompt_lookup", prompt_ids.shape[1], tokens, [], c, stats, wall, stop)

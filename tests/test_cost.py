@@ -139,6 +139,22 @@ def test_a_run_is_priced_by_a_cost_file_measured_on_its_own_cpu(tmp_path):
     assert find_cost(tmp_path, "tiny-llama", runtime, 1).meta["cpu"] == "this machine"  # no CPU named: this host
 
 
+def test_a_run_naming_no_cpu_keeps_the_file_naming_none_on_any_machine(tmp_path):
+    """Runs decoded before ``meta.cpu`` were priced by the file measured before cost files named their CPU:
+    a file measured later — this machine's, in the local store searched first — does not reprice them, so a
+    committed table regenerates to the same numbers wherever it is rebuilt; a run naming its CPU gets its
+    CPU's file."""
+    runtime = {"backend": "packed", "dtype": "float32"}
+    local, results = tmp_path / "runs", tmp_path / "results"
+    CostModel(synthetic()).save(results / COST / "tiny-llama__vm__packed-float32-t1.json")
+    here = synthetic()
+    here["meta"]["cpu"] = "this machine"
+    CostModel(here).save(local / COST / cost_name("tiny-llama", runtime, 1))
+    assert find_cost([local, results], "tiny-llama", runtime, 1).path.parent == results / COST
+    assert find_cost([local, results], "tiny-llama", runtime, 1, "this machine").meta["cpu"] == "this machine"
+    assert find_cost([local], "tiny-llama", runtime, 1).meta["cpu"] == "this machine"  # no file names none: any
+
+
 def test_the_cost_model_travels_with_the_results_store(tmp_path, monkeypatch):
     """A fresh clone has no local ``_cost/``: the committed results store's file prices its runs; a
     local file of the pair comes first."""
@@ -217,6 +233,15 @@ def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(run
     want = speedup_ci([b["examples"][1]["new_tokens"]], predicted_seconds(model, b, a, one),
                       [a["examples"][1]["new_tokens"]], predicted_seconds(model, a, a, one))
     assert cmp["cpu"].n == 1 and cmp["predicted"].n == 2 and cmp["predicted_cpu"].estimate == pytest.approx(want.estimate)
+    # a row decoded on another machine is priced on its baseline's: one price list per compared table
+    other = synthetic()
+    other["meta"]["cpu"], other["models"]["draft"]["native"] = "another machine", linear(9e-4, 1e-4, 1e-6)
+    CostModel(other).save(runs_dir / COST / "tiny-llama__other__packed-float32-t1.json")
+    moved = {**b, "meta": {**b["meta"], "cpu": "another machine"}}
+    from viasd.analysis.paired import run_cost
+
+    assert run_cost(st, moved).meta["cpu"] == "another machine"
+    assert compare_to_ar(st, moved, a)["predicted"].estimate == pytest.approx(cmp["predicted"].estimate)
     # a run still being decoded (an interleaved cell): left out, unless --unfinished asks for it
     (runs_dir / sd["run_id"] / "summary.json").unlink()
     store = __import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir)

@@ -215,14 +215,18 @@ def find_cost(store_root: Path | Sequence[Path], pair: str, runtime: dict[str, A
               threads: int | None = None, cpu: str | None = None) -> CostModel | None:
     """The cost model of ``pair`` in ``<store>/_cost/``: among the files of the runtime (else of the pair),
     one measured on ``cpu`` (a run's ``meta["cpu"]``, :func:`~viasd.utils.machine.cpu_name`) first, then
-    this machine's file, then any; None when there is none.
+    this machine's file, then any; None when there is none. A run that names no CPU (decoded before runs
+    recorded theirs) is priced by a file that names none either — measured in the same era, the one its
+    committed tables were priced by — in any of the stores, before the rules above: which machine
+    regenerates a table does not change its numbers.
     ``store_root``: one store, or several searched in turn (the local store, then the results store
     committed in the repository, whose ``_cost/`` travels with the runs it prices)."""
     roots = [store_root] if isinstance(store_root, (str, Path)) else list(store_root)
-    for root in dict.fromkeys(Path(r) for r in roots):
-        found = _find_cost_file(root / COST, pair, runtime, threads, cpu)
-        if found is not None:
-            return CostModel.load(found)
+    for legacy in ((True, False) if not cpu else (False,)):
+        for root in dict.fromkeys(Path(r) for r in roots):
+            found = _find_cost_file(root / COST, pair, runtime, threads, cpu, legacy)
+            if found is not None:
+                return CostModel.load(found)
     return None
 
 
@@ -234,13 +238,17 @@ def _measured_on(path: Path) -> str | None:
 
 
 def _find_cost_file(folder: Path, pair: str, runtime: dict[str, Any] | None, threads: int | None,
-                    cpu: str | None = None) -> Path | None:
+                    cpu: str | None = None, legacy: bool = False) -> Path | None:
+    """``legacy``: only files that name no CPU (for a run that names none)."""
     if not folder.is_dir():
         return None
     files = sorted(folder.glob(f"{pair}__*.json"))
     mine = cost_name(pair, runtime, threads) if runtime is not None and threads is not None else None
     if mine is not None:
         files = [f for f in files if f.name.endswith(mine.split("__")[-1])] or files
+    if legacy:
+        files = [f for f in files if _measured_on(f) is None]
+        return next((f for f in files if f.name == mine), files[0] if files else None)
     if cpu:
         same = [f for f in files if _measured_on(f) == cpu]
         if same:

@@ -158,7 +158,8 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     ``n``, ``speedup`` / ``predicted`` / ``quality`` (:class:`~viasd.analysis.stats.Paired`), ``cpu``
     (the CPU-time speedup, on the examples both runs timed) and ``predicted_cpu`` (the prediction on
     those same examples, what ``cpu`` validates),
-    ``metric``, ``same_tokens``, ``ids``. ``cost``: default the pair's cost file in the store."""
+    ``metric``, ``same_tokens``, ``ids``. ``cost``: default ``ar``'s cost file (:func:`run_cost`): both
+    runs are priced on the machine of the baseline, whichever machine decoded ``run``."""
     ar_ids = {e["id"] for e in ar["examples"]}
     ids = [e["id"] for e in run["examples"] if e["id"] in ar_ids]
     by_id, ar_by_id = {e["id"]: e for e in run["examples"]}, {e["id"]: e for e in ar["examples"]}
@@ -166,7 +167,7 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
     speed = speedup_ci(col(by_id, "new_tokens"), col(by_id, "wall_s"), col(ar_by_id, "new_tokens"),
                        col(ar_by_id, "wall_s"))
     if cost is None:
-        cost = run_cost(store, run)
+        cost = run_cost(store, ar)
     timed = [i for i in ids if by_id[i].get("cpu_s") and ar_by_id[i].get("cpu_s")]
     cpu = Paired(0, math.nan, test="process CPU time")
     if timed:

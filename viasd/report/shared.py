@@ -41,6 +41,7 @@ from viasd.analysis.paired import (
 from viasd.analysis.stats import Paired, share_ci
 from viasd.errors import ConfigError
 from viasd.report.common import ISOLATION, code_isolation, paired_cells, with_isolation, write_table
+from viasd.report.quality import metric_header, metric_table
 from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
@@ -73,8 +74,10 @@ def _ratio_cell(ratio: Paired, digits: int) -> str:
 def _row(store: RunStore, run: dict[str, Any], ar: dict[str, Any], label: str | None = None
          ) -> tuple[list[Any], dict[str, Any] | None]:
     """One table row of ``run`` against ``ar`` and the record of the cost file that priced its predicted
-    speedup (:meth:`~viasd.analysis.cost.CostModel.record`; None: no cost file, no prediction)."""
-    cost = run_cost(store, run)
+    speedup (:meth:`~viasd.analysis.cost.CostModel.record`; None: no cost file, no prediction). Every row
+    is priced by its baseline's cost file (the machine ``ar`` was decoded on), so one table has one
+    price list and a row decoded on another machine compares with the rest."""
+    cost = run_cost(store, ar)
     cmp = compare_to_ar(store, run, ar, cost)
     by_id = {e["id"]: e for e in run["examples"]}
     ids = cmp["ids"]
@@ -176,4 +179,18 @@ def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, 
                                           for c in priced.values()) + "."
     paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale, extra={"costs": costs})
     atomic_write_json(out / f"{name}.rows.json", {"header": header, "rows": rows})
+    ar = _finished(store, ar_id)
+    task = str(ar["summary"].get("task", ""))
+    full = [ar, *(_finished(store, r["run_id"]) for r in runs[1:])]
+    by_metric = metric_table(task, full, ar, labels or {})
+    if by_metric:
+        paths += write_table(out, f"{name}_metrics", f"{title}: quality by metric", metric_header(task), by_metric,
+                             runs, [], scale=scale, note=(
+                                 f"Each cell: the run's score on the examples it shares with `{ar_id}` (0-100), ar's "
+                                 "on the same examples in parentheses, the difference with its paired bootstrap 95% "
+                                 "interval over examples, and p. Mean-of-example metrics: exact McNemar p for 0/100 "
+                                 "scores, Wilcoxon signed-rank otherwise; corpus metrics (BLEU, chrF) recomputed on "
+                                 "each resample from both runs' outputs on the same examples (paired bootstrap "
+                                 "resampling, as `sacrebleu --paired-bs`). Read the differences, not the "
+                                 "levels: a pair is compared with its own target's greedy output."))
     return paths

@@ -7,7 +7,8 @@ workload, and the table of the frontier's predicted speedup against the measured
 wall-clock speedups of those cells once they are finished runs in the stores (``–`` until then;
 :mod:`viasd.report.live_check`, ``docs/replay.md`` §9). With the traced run's traces in a store and the
 frontier's cost file in the repository, each point is also replayed over the live problems only (the same
-problems the measurement is over).
+problems the measurement is over). ``--out DIR/NAME`` also writes that table as a committed output
+(``NAME.md``/``.tex``/``.sources.json``; :func:`~viasd.report.live_check.write_live`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from viasd.analysis.trace import trace_dir
 from viasd.errors import one_line_errors
 from viasd.methods.ar import ARConfig
 from viasd.paths import PROJECT_ROOT, runs_dir
-from viasd.report.live_check import HEADER, cell_ids, command, live_overrides, live_rows, load_frontier, pick
+from viasd.report.live_check import (HEADER, cell_ids, command, live_overrides, live_rows, load_frontier, pick,
+                                     write_live)
 from viasd.tracking.store import RunStores
 
 
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-dir", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
     ap.add_argument("--results", default="", help="results store read after it (default: the repository's "
                     "results/runs; none: leave it out)")
+    ap.add_argument("--out", default=None, help="also write the table as the output DIR/NAME (.md/.tex/.sources.json)")
     args = ap.parse_args(argv)
     with one_line_errors():
         stores = RunStores.default(args.runs_dir or runs_dir(), None if args.results == "none" else args.results)
@@ -63,11 +66,15 @@ def main(argv: list[str] | None = None) -> int:
         overrides, diff = live_overrides(stores, sources, picked, args.n)
         ids = cell_ids(overrides)
         table = live_rows(stores, ids, picked, replayed_on_live(stores, sources, picked, ids["ar"]))
+        written = (write_live(Path(args.out), stores, Path(args.frontier), ids, picked, table, command(overrides),
+                              sources.get("scale") or "") if args.out else [])
     print(f"decode them (interleaved with ar, {args.n} problems; resumable, finished cells reused):\n\n"
           f"    {command(overrides)}\n")
     if diff:
         print(f"note: this ar cell's workload differs from the traced run's in {', '.join(diff)}\n")
     print(pd.DataFrame(table, columns=HEADER).to_markdown(index=False, disable_numparse=True))
+    if written:
+        print(f"\nwrote {', '.join(written)}")
     return 0
 
 

@@ -18,6 +18,7 @@ from tests.test_interleave import _group
 from viasd.analysis.cost import COST, CostModel, cost_name
 from viasd.harness.interleave import run_interleaved
 from viasd.paths import PROJECT_ROOT
+from viasd.report.frontier_cost import compared_problem
 
 
 def test_live_check_prints_the_interleaved_command_then_predicted_vs_measured(runs_dir, tmp_path, capsys):
@@ -47,6 +48,16 @@ def test_live_check_prints_the_interleaved_command_then_predicted_vs_measured(ru
     assert len(cells) == 2 and all("not decoded yet" not in c[5] and c[3].endswith("×") for c in cells)
     assert all(c[-2].endswith("%") and c[-1].endswith("%") for c in cells)  # frontier and replay vs CPU time
     assert cells[0][3] == f"{rows[1]['predicted_speedup']:.2f}×"  # the live problems are the traced run's two
+    # --out commits the table: its sources name the cells, the cost file and the frontier rows by hash
+    out = tmp_path / "pf" / "smoke" / "live_t"
+    assert live_cmd.main([str(frontier), "1", "2", "--n", "2", "--results", "none", "--out", str(out)]) == 0
+    src = json.loads(out.with_name("live_t.sources.json").read_text())
+    assert len(src["runs"]) == 3 and set(src["frontier"]["points"]) == {"p1", "p2"} and all(src["costs"].values())
+    assert "| p1 " in out.with_name("live_t.md").read_text()
+    assert compared_problem(out, src, tmp_path) is None
+    frontier.with_name("frontier_t.rows.json").write_text("[]")  # the quoted frontier re-replayed since: stale
+    reason, fix = compared_problem(out, src, tmp_path)
+    assert "changed since" in reason and "live_check" in fix and "1 2 --out" in fix
 
 
 def test_a_row_that_is_not_a_decodable_policy_or_a_frontier_without_rows_is_one_error_line(tmp_path, capsys):

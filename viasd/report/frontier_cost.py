@@ -76,6 +76,15 @@ def compared_problem(path: Path, src: dict[str, Any], repo: Path = PROJECT_ROOT)
         problem = cost_file_problem(cost, repo) if cost else None
         if problem is not None:
             return f"{rid}: {problem[0]}", redo
+    frontier = src.get("frontier")  # a live check (viasd.report.live_check): the frontier rows it quotes
+    if frontier:
+        rows = repo / frontier["rows"]
+        again = (f"rerun its live check (python -m experiments.live_check {str(frontier['rows']).removesuffix('.rows.json')} "
+                 f"{' '.join(k.removeprefix('p') for k in frontier.get('points') or {}) or '<rows>'} --out {path})")
+        if not rows.is_file():
+            return f"the frontier rows it quotes, {frontier['rows']}, are missing", again
+        if file_sha256(rows) != frontier["sha256"]:
+            return f"the frontier rows it quotes, {frontier['rows']}, changed since", again
     return None
 
 

@@ -10,7 +10,9 @@ stores (their ids composed as the grid composes them, :func:`~viasd.harness.grid
 each with the group's ``ar`` cell (:func:`~viasd.analysis.paired.compare_to_ar`): the frontier's
 predicted speedup next to the measured CPU-time and wall-clock speedups with their 95% intervals, the
 prediction of the cost model from the live runs' own counters, and the frontier's error against the
-CPU-time speedup (``docs/replay.md`` §9).
+CPU-time speedup (``docs/replay.md`` §9). :func:`write_live` commits that table as an output
+(``NAME.md``/``.tex``/``.sources.json``: the cells and their ``ar`` as source runs, the cost file that
+priced the live prediction, the frontier's rows by hash), checked by ``report --check`` like a compared table.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from viasd.analysis.paired import compare_to_ar, differences, load_run, workload_without_subset
+from viasd.analysis.paired import compare_to_ar, differences, load_run, run_cost, workload_without_subset
 from viasd.errors import ConfigError
 from viasd.harness.grid import exp_cells
 from viasd.harness.interleave import variant_label
 from viasd.harness.runner import identity
+from viasd.paths import PROJECT_ROOT
+from viasd.report.common import write_table
+from viasd.report.shared import decoded_apart
+from viasd.tracking.ids import file_sha256
 from viasd.tracking.store import RunStores, run_id_for
 
 HEADER = ["point", "policy", "frontier predicted (n)", "replayed on the live problems", "live n",
@@ -119,3 +125,35 @@ def _x(v: float) -> str:
 
 def _err(predicted: float, measured: float) -> str:
     return "–" if math.isnan(predicted) or math.isnan(measured) or not measured else f"{predicted / measured - 1:+.1%}"
+
+
+def write_live(out: Path, stores: RunStores, frontier: Path, ids: dict[str, str], picked: dict[str, dict[str, Any]],
+               table: list[list[Any]], decode: str, scale: str = "") -> list[str]:
+    """Write the live check ``table`` (:func:`live_rows`) as the output ``out`` (folder/name): ``.md``/``.tex``
+    and ``.sources.json`` naming the finished cells and their ``ar`` (``runs``), the cost file that priced the
+    predictions from the live counters (``costs``, :meth:`~viasd.analysis.cost.CostModel.record`) and the
+    frontier's rows file with its sha256 (``frontier``); returns the paths. One error line when no cell is
+    decoded yet (nothing measured to commit)."""
+    ar = load_run(stores, ids["ar"])
+    done = [(label, run) for label in picked if ar is not None and (run := load_run(stores, ids[label])) is not None]
+    if not done:
+        raise ConfigError(f"no picked point is decoded yet; decode them first: {decode}")
+    apart = [label for label, run in done if decoded_apart(run, ids["ar"])]
+    cost = run_cost(stores, ar)
+    record = cost.record() if cost is not None else None
+    runs = [{"run_id": r["run_id"], "ar": {"run_id": ids["ar"]}, "ar_command": None} for r in (ar, *(r for _, r in done))]
+    rows_file = frontier.parent / f"{frontier.name}.rows.json"
+    where = rows_file.resolve().relative_to(PROJECT_ROOT) if rows_file.resolve().is_relative_to(PROJECT_ROOT) else rows_file
+    note = (f"Frontier `{where}` (its predicted speedups, over the traced run's problems) checked against cells "
+            f"decoded interleaved with `ar` `{ids['ar']}`: " + ", ".join(f"`{label}` = `{r['run_id']}`" for label, r in done)
+            + ". Measured speedups: bootstrap 95% intervals over problems; the errors divide the prediction by the "
+            "CPU-time speedup (process CPU seconds, one torch thread). A lossy point's live trajectory leaves the traced "
+            "one at its first divergence, so its replayed prediction prices a different text than the one decoded. "
+            f"Decoded by: `{decode}`."
+            + (" Decoded without their `ar` beside them (meta.json `schedule.decoded_with`), their measured speedups "
+               "divide two sessions' loads: " + ", ".join(f"`{label}`" for label in apart) + "." if apart else "")
+            + (f" Live counters priced by the cost file `{record['path']}` (sha256 {record['sha256'][:12]}…)." if record else ""))
+    extra = {"costs": {r["run_id"]: record for r in runs},
+             "frontier": {"rows": str(where), "sha256": file_sha256(rows_file), "points": {k: v.get("method") for k, v in picked.items()}}}
+    return write_table(out.parent, out.name, f"Frontier {frontier.name} checked live", HEADER, table, runs, [],
+                       note=note, scale=scale, extra=extra)

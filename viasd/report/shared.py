@@ -115,7 +115,8 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
     being decoded count too, on their complete examples (an interim reading of an interleaved exp;
     each row on the ids it shares with ``ar``, and examples not yet scored have no quality).
     ``labels``: a row's name by run id (an interleaved exp's variant labels; default: the method).
-    Each of ``runs`` carries ``cost``: the record of the cost file that priced its predicted speedup.
+    Each of ``runs`` carries ``cost``: the record of the cost file that priced its predicted speedup, and
+    ``loaded``: the run it read (:func:`~viasd.analysis.paired.load_run`).
     """
     labels = labels or {}
     ar = _finished(store, ar_id, unfinished)
@@ -142,8 +143,8 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
         runs.append(run)
     apart = [labels.get(r["run_id"]) or r["run_id"] for r in runs[1:] if decoded_apart(r, ar_id)]
     _, rows = with_isolation(HEADER, rows, [code_isolation(r["summary"], r.get("meta")) for r in runs])
-    runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None, "cost": costs[r["run_id"]]}
-            for r in runs]
+    runs = [{"run_id": r["run_id"], "ar": {"run_id": ar_id}, "ar_command": None, "cost": costs[r["run_id"]],
+             "loaded": r} for r in runs]
     note = (f"Baseline: `{ar_id}` ({len(ar_ids)} examples). Each row's speed and quality are over the examples "
             f"it shares with that run (nested id-hash subsets; n = shared examples); tokens/s = new tokens / decode "
             f"seconds summed over those examples. Intervals: bootstrap 95% over examples (speedups, continuous "
@@ -179,12 +180,10 @@ def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, 
                                           for c in priced.values()) + "."
     paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale, extra={"costs": costs})
     atomic_write_json(out / f"{name}.rows.json", {"header": header, "rows": rows})
-    ar = _finished(store, ar_id)
-    task = str(ar["summary"].get("task", ""))
-    full = [ar, *(_finished(store, r["run_id"]) for r in runs[1:])]
-    by_metric = metric_table(task, full, ar, labels or {})
+    full = [r["loaded"] for r in runs]  # the runs the table read, ar first
+    by_metric = metric_table(str(full[0]["summary"].get("task", "")), full, full[0], labels or {})
     if by_metric:
-        paths += write_table(out, f"{name}_metrics", f"{title}: quality by metric", metric_header(task), by_metric,
+        paths += write_table(out, f"{name}_metrics", f"{title}: quality by metric", metric_header(str(full[0]["summary"].get("task", ""))), by_metric,
                              runs, [], scale=scale, note=(
                                  f"Each cell: the run's score on the examples it shares with `{ar_id}` (0-100), ar's "
                                  "on the same examples in parentheses, the difference with its paired bootstrap 95% "

@@ -27,8 +27,16 @@ from viasd.analysis.trace import trace_dir
 from viasd.errors import one_line_errors
 from viasd.methods.ar import ARConfig
 from viasd.paths import PROJECT_ROOT, runs_dir
-from viasd.report.live_check import (HEADER, cell_ids, command, live_overrides, live_rows, load_frontier, pick,
-                                     write_live)
+from viasd.report.live_check import (
+    HEADER,
+    cell_ids,
+    command,
+    live_overrides,
+    live_rows,
+    load_frontier,
+    pick,
+    write_live,
+)
 from viasd.tracking.store import RunStores
 
 

@@ -8,9 +8,10 @@ import pytest
 import sacrebleu
 from hydra import compose, initialize_config_dir
 
+from viasd.analysis.corpus import corpus_delta
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
-from viasd.report.quality import TASK_METRICS, corpus_delta, metric_header, metric_table
+from viasd.report.quality import TASK_METRICS, metric_header, metric_table
 from viasd.report.shared import write_shared
 from viasd.tracking.store import RunStore
 
@@ -57,3 +58,22 @@ def test_a_text_tasks_compared_table_has_its_quality_by_metric_beside_it(runs_di
     assert str(tmp_path / "o" / "shared_metrics.md") in paths
     assert all(f"{m}: run (ar)" in md for m in TASK_METRICS["xsum"]) and via["run_id"] in md
     assert json.loads((tmp_path / "o" / "shared_metrics.sources.json").read_text())["runs"] == [ar["run_id"], via["run_id"]]
+
+
+def test_a_compared_tables_bleu_is_the_corpus_score_not_the_mean_of_sentence_scores(tmp_path):
+    from viasd.analysis.paired import compare_to_ar
+
+    def run(method, preds):
+        examples = [{"id": str(i), "prediction": p, "reference": r, "token_ids": [i], "new_tokens": 5, "wall_s": 1.0,
+                     "score": {"bleu": sacrebleu.sentence_bleu(p, [r]).score}} for i, (p, r) in enumerate(zip(preds, REFS))]
+        return {"run_id": method, "summary": {"method": method, "task": "wmt14_deen", "pair": "none"}, "meta": {},
+                "examples": examples}
+
+    short = REFS[:6] + ["dog"] * 6  # half the outputs one word: corpus BLEU (one brevity penalty) != mean sentence BLEU
+    via, ar = run("via_sd", short), run("ar", AR)
+    cmp = compare_to_ar(RunStore(tmp_path), via, ar)
+    assert cmp["metric"] == "bleu" and cmp["quality"].test == "paired bootstrap"
+    assert cmp["quality_mean"] == pytest.approx(sacrebleu.corpus_bleu(short, [REFS]).score)
+    assert cmp["ar_quality_mean"] == pytest.approx(sacrebleu.corpus_bleu(AR, [REFS]).score)
+    sentence_mean = sum(e["score"]["bleu"] for e in via["examples"]) / len(short)
+    assert abs(cmp["quality_mean"] - sentence_mean) > 1  # the two differ here: the table shows the corpus one

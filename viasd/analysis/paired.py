@@ -11,7 +11,9 @@ superset of the examples). :func:`compare_to_ar` pairs the two per example:
   carrying it: a descheduled process or a paused VM stops that clock, not the wall clock) over the
   shared examples both runs timed (its own ``n``);
 * quality — the paired difference of the primary score with McNemar's exact p (binary scores) or
-  a paired bootstrap interval and Wilcoxon p (continuous ones);
+  a paired bootstrap interval and Wilcoxon p (continuous ones); a corpus metric (BLEU, chrF) is
+  the corpus score of the shared examples, its difference by paired bootstrap resampling
+  (:mod:`viasd.analysis.corpus`);
 * the lossless promise — how many examples have exactly ``ar``'s tokens.
 """
 
@@ -22,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from viasd.analysis.corpus import CORPUS, corpus_delta
 from viasd.analysis.cost import CostModel, find_cost, predict_example
 from viasd.analysis.stats import Paired, quality_delta, speedup_ci
 from viasd.engine.routing import default_self_layers
@@ -182,13 +185,29 @@ def compare_to_ar(store: RunStore, run: dict[str, Any], ar: dict[str, Any], cost
             predicted_timed = speedup_ci(col(by_id, "new_tokens", timed), [pr[at[i]] for i in timed],
                                          col(ar_by_id, "new_tokens", timed), [pa[at[i]] for i in timed])
     task = run["summary"].get("task", "")
-    q, qa = [score(by_id[i], task) for i in ids], [score(ar_by_id[i], task) for i in ids]
-    pairs = [(a, b) for a, b in zip(q, qa) if not (math.isnan(a) or math.isnan(b))]
-    quality = quality_delta([a for a, _ in pairs], [b for _, b in pairs]) if pairs else Paired(0, math.nan)
-    same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
     metric = PRIMARY.get(task) or next(iter((run["examples"][0].get("score") or {}) if run["examples"] else {}), "")
+    quality, quality_mean, ar_quality_mean = _quality(metric, task, [by_id[i] for i in ids], [ar_by_id[i] for i in ids])
+    same = sum(by_id[i]["token_ids"] == ar_by_id[i]["token_ids"] for i in ids)
     return {"n": len(ids), "ids": ids, "speedup": speed, "cpu": cpu, "predicted": predicted,
             "predicted_cpu": predicted_timed, "quality": quality,
-            "metric": metric if pairs else "", "same_tokens": same,
-            "quality_mean": sum(a for a, _ in pairs) / len(pairs) if pairs else math.nan,
-            "ar_quality_mean": sum(b for _, b in pairs) / len(pairs) if pairs else math.nan}
+            "metric": metric if quality.n else "", "same_tokens": same,
+            "quality_mean": quality_mean, "ar_quality_mean": ar_quality_mean}
+
+
+def _quality(metric: str, task: str, rows: list[dict[str, Any]], ar_rows: list[dict[str, Any]]
+             ) -> tuple[Paired, float, float]:
+    """``(paired difference, run's quality, ar's quality)`` on aligned scored examples. A corpus metric
+    (BLEU, chrF: :data:`~viasd.analysis.corpus.CORPUS`) is the corpus score of the examples' predictions,
+    compared by paired bootstrap (:func:`~viasd.analysis.corpus.corpus_delta`) — never the mean of its
+    per-example sentence scores; any other metric is the mean of per-example scores."""
+    scored = [(e, a) for e, a in zip(rows, ar_rows) if not (math.isnan(score(e, task)) or math.isnan(score(a, task)))]
+    if metric in CORPUS and scored:
+        run_q, ar_q, d = corpus_delta(metric, [str(e.get("prediction") or "") for e, _ in scored],
+                                      [str(a.get("prediction") or "") for _, a in scored],
+                                      [a.get("reference") for _, a in scored])
+        return d, run_q, ar_q
+    pairs = [(score(e, task), score(a, task)) for e, a in scored]
+    if not pairs:
+        return Paired(0, math.nan), math.nan, math.nan
+    return (quality_delta([a for a, _ in pairs], [b for _, b in pairs]),
+            sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs))

@@ -9,11 +9,9 @@ paired bootstrap 95% interval over examples and its p-value.
 * Metrics that are a mean over examples (ROUGE, exact match, F1: the corpus score is the mean of the
   per-example scores) resample the per-example differences (:func:`~viasd.analysis.stats.quality_delta`:
   McNemar's exact p for 0/100 scores, Wilcoxon otherwise).
-* Corpus metrics (BLEU, chrF: not a mean of sentence scores) are recomputed on each resample from the
-  sufficient statistics of both runs' outputs on the same resampled examples — the paired bootstrap
-  resampling of Koehn (2004) that ``sacrebleu --paired-bs`` runs (``sacrebleu.significance``), with
-  sacrebleu's own metric objects; the p-value is its two-sided one (the share of resampled differences at
-  least as far from their mean as the observed difference).
+* Corpus metrics (BLEU, chrF: not a mean of sentence scores) are recomputed on each resample from both
+  runs' outputs on the same resampled examples (:func:`~viasd.analysis.corpus.corpus_delta`: the paired
+  bootstrap of ``sacrebleu --paired-bs``).
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from viasd.analysis.stats import RESAMPLES, Paired, quality_delta
+from viasd.analysis.corpus import CORPUS, corpus_delta
+from viasd.analysis.stats import quality_delta
 
 #: The metrics reported per task (per-example score keys; corpus metrics in :data:`CORPUS`).
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -33,45 +32,6 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "nq_open": ("exact_match", "f1"),
     "squad": ("exact_match", "f1"),
 }
-CORPUS = ("bleu", "chrf")
-
-
-def _sacrebleu_metric(name: str):
-    from sacrebleu.metrics import BLEU, CHRF
-
-    return BLEU() if name == "bleu" else CHRF()  # the settings of viasd/tasks/metrics/bleu (13a, chrF defaults)
-
-
-def _references(refs: list[Any]) -> list[list[str]]:
-    """Reference streams (one list per reference position) of per-example references (a string or a list)."""
-    per = [[r] if isinstance(r, str) else [str(x) for x in r] for r in refs]
-    width = min(len(r) for r in per) if per else 1
-    return [[r[k] for r in per] for k in range(width)]
-
-
-def corpus_delta(name: str, run_preds: list[str], ar_preds: list[str], refs: list[Any]) -> tuple[float, float, Paired]:
-    """``(run score, ar score, difference)`` of the corpus metric ``name`` (``bleu``/``chrf``, 0-100) over
-    paired examples, the difference with a paired bootstrap 95% interval and p (module doc).
-
-    ``run_preds``, ``ar_preds``, ``refs``: aligned per example (``refs[i]`` a string or a list of strings).
-    """
-    metric, streams = _sacrebleu_metric(name), _references(refs)
-    run_s = np.asarray(metric._extract_corpus_statistics(run_preds, streams), dtype=float)
-    ar_s = np.asarray(metric._extract_corpus_statistics(ar_preds, streams), dtype=float)
-
-    def score(stats: np.ndarray) -> float:
-        return float(metric._compute_score_from_stats(list(stats.sum(0))).score)
-
-    run, ar = score(run_s), score(ar_s)
-    n = len(run_preds)
-    if n < 2:
-        return run, ar, Paired(n, run - ar)
-    idx = np.random.default_rng(0).integers(0, n, size=(RESAMPLES, n))
-    deltas = np.array([score(run_s[i]) - score(ar_s[i]) for i in idx])
-    lo, hi = (float(x) for x in np.percentile(deltas, [2.5, 97.5]))
-    observed = run - ar
-    p = float((np.abs(deltas - deltas.mean()) >= abs(observed) - 1e-9).sum() + 1) / (RESAMPLES + 1)
-    return run, ar, Paired(n, observed, lo, hi, min(p, 1.0) if observed else 1.0, "paired bootstrap")
 
 
 def metric_cells(task: str, run: dict[str, Any], ar: dict[str, Any], ids: list[str]) -> list[str]:

@@ -19,7 +19,8 @@ everything but the method and the subset size). This module owns that comparison
   runs older than the field say so);
 * quality: the mean of each shared example's primary score (``pass@1``, ``accuracy``, …), the
   paired difference to ``ar`` with its interval and p-value (McNemar exact for binary scores,
-  Wilcoxon for continuous ones: ``docs/metrics.md §6``).
+  Wilcoxon for continuous ones: ``docs/metrics.md §6``); for a corpus metric (BLEU), the corpus
+  score of the shared examples with a paired bootstrap (:mod:`viasd.analysis.corpus`).
 
 Every row names its run id and ``n``; the table names the ``ar`` run it divides by.
 """
@@ -30,6 +31,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from viasd.analysis.corpus import CORPUS
 from viasd.analysis.paired import (
     compare_to_ar,
     differences,
@@ -42,6 +44,7 @@ from viasd.analysis.stats import Paired, share_ci
 from viasd.errors import ConfigError
 from viasd.report.common import ISOLATION, code_isolation, paired_cells, with_isolation, write_table
 from viasd.report.quality import metric_header, metric_table
+from viasd.tracking.baseline import PRIMARY
 from viasd.tracking.store import RunStore, RunStores, as_stores
 from viasd.utils.fs import atomic_write_json
 
@@ -152,11 +155,23 @@ def shared_table(store: RunStore, ar_id: str, run_ids: list[str], ignore: tuple[
             f"prices each example's forward calls with the pair's measured cost file (load-free); the CPU-time "
             f"speedup divides process CPU seconds (`cpu_s`; one torch thread), which a descheduled process or a "
             f"paused machine does not advance, where the wall clock does."
+            + _quality_note(str(ar["summary"].get("task", "")))
             + (f" Differences ignored: {', '.join(sorted(ignored))}." if ignored else "")
             + (f" Not decoded beside `{ar_id}` (added after it finished; meta.json `schedule.decoded_with`): "
                f"{', '.join(f'`{a}`' for a in apart)}: their speedup and CPU-time speedup compare two sessions' "
                f"loads; read their predicted speedup." if apart else ""))
     return rows, runs, note
+
+
+def _quality_note(task: str) -> str:
+    """The sentence naming the quality column's metric for ``task`` ('' when the task has none)."""
+    metric = PRIMARY.get(task)
+    if not metric:
+        return ""
+    if metric in CORPUS:
+        return (f" Quality: corpus {metric} of the shared examples' predictions (not a mean of sentence scores), "
+                "its difference by paired bootstrap resampling as `sacrebleu --paired-bs`.")
+    return f" Quality: mean per-example {metric}."
 
 
 def shared_header(rows: list[list[Any]]) -> list[str]:

@@ -11,6 +11,10 @@ seconds, which a waiting process or a paused machine does not advance) where run
 the prediction then on the same examples (``cpu n``: runs from before ``cpu_s`` have fewer).
 ``--unfinished`` adds runs still being decoded, on their complete examples (the cells of an
 interleaved exp in progress), each against the ``ar`` run sharing most of its examples.
+Every run is priced by its ``ar`` run's cost file, as a compared table prices its rows.
+``--fit bilinear`` reads each cost grid through its bilinear least-squares fit instead of
+interpolating the measured points (``viasd.analysis.cost.fit_bilinear``): run it with both to see
+which prices the runs of a machine better.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 
 import pandas as pd
 
-from viasd.analysis.cost import relative_error
+from viasd.analysis.cost import FITS, CostModel, relative_error
 from viasd.analysis.paired import (
     compare_to_ar,
     differences,
@@ -52,9 +56,10 @@ def _unfinished_ar(store: RunStore, run: dict) -> dict | None:
 
 
 def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None = None,
-             unfinished: bool = False) -> list[dict]:
+             unfinished: bool = False, fit: str = "grid") -> list[dict]:
     """One row per finished run with a cost file and an ``ar`` run of its workload (``unfinished``: also
-    runs still being decoded, on their complete examples, against the ``ar`` run sharing most of them)."""
+    runs still being decoded, on their complete examples, against the ``ar`` run sharing most of them),
+    priced by the ``ar`` run's cost file read by ``fit`` (:data:`~viasd.analysis.cost.FITS`)."""
     rows = []
     ids = run_ids or ([v.path.name for v in store.folders() if v.state in (FINISHED, UNFINISHED)] if unfinished
                       else [r["run_id"] for r in store.finished_runs() if r["summary"].get("new_tokens")])
@@ -63,10 +68,12 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
         if run is None or (pair and run["summary"].get("pair") != pair) or not run["examples"]:
             continue
         s = run["summary"]
-        cost = run_cost(store, run)
         ar = run if s.get("method") == "ar" else (_unfinished_ar(store, run) if unfinished else find_ar(store, run))
+        cost = None if ar is None else run_cost(store, ar)
         if cost is None or ar is None or not run["examples"]:
             continue
+        if fit != cost.fit:
+            cost = CostModel(cost.data, cost.path, cost.sha256, cost.pair, fit)
         if run is ar:
             ids_ = [e["id"] for e in run["examples"]]
             pred_s = sum(predicted_seconds(cost, run, run, ids_))
@@ -92,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pair", default=None, help="only runs of this pair")
     ap.add_argument("--unfinished", action="store_true",
                     help="also runs still being decoded (their complete examples; e.g. an interleaved exp's cells)")
+    ap.add_argument("--fit", choices=FITS, default="grid",
+                    help="read each cost grid by interpolating its points (grid, the default) or by its bilinear fit")
     args = ap.parse_args(argv)
     store = RunStores.default(args.runs_dir or runs_dir())  # the user's store, then the results store
     if args.unfinished:
         store = RunStore(args.runs_dir or runs_dir())  # unfinished runs live in the user's store only
-    rows = validate(store, args.runs or None, args.pair, args.unfinished)
+    rows = validate(store, args.runs or None, args.pair, args.unfinished, args.fit)
     if not rows:
         print("no finished run has both a cost file for its pair and an ar run of its workload; measure one with "
               "`python -m experiments.bench --cost-curve pair=<pair>`")
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     errs = [abs(r["error"]) for r in rows if not math.isnan(r["error"])]
     sp = [abs(r["error"]) for r in rows if r["method"] != "ar" and not math.isnan(r["error"])]
     cpu = [abs(e) for r in rows if r["method"] != "ar" and not math.isnan(e := r.get("error vs cpu", math.nan))]
-    print(f"\nmean |error|: {sum(errs) / len(errs):.1%} over {len(errs)} runs"
+    print(f"\ncost grids read by {args.fit}; mean |error|: {sum(errs) / len(errs):.1%} over {len(errs)} runs"
           + (f"; speedups only: {sum(sp) / len(sp):.1%} over {len(sp)} runs" if sp else "")
           + (f"; against the CPU-time speedup: {sum(cpu) / len(cpu):.1%} over {len(cpu)} runs" if cpu else ""))
     return 0

@@ -84,6 +84,30 @@ def test_prices_interpolate_extrapolate_and_count_layers_and_rows():
     assert t.seconds(1, 0, layers=4) > t.seconds(1, 0, layers=2)
 
 
+def test_the_bilinear_fit_keeps_a_bilinear_grid_and_smooths_a_noisy_point():
+    """fit_bilinear is exact on a + b·n + c·ctx + d·n·ctx; one noisy grid point moves the fitted surface
+    by a fraction of its error, spread over the grid; ``fit="bilinear"`` prices by it and says so in its
+    record; an unknown fit is one line."""
+    import numpy as np
+
+    from viasd.analysis.cost import fit_bilinear
+
+    ns, ctxs = [1, 2, 4, 8], [64, 512, 1536]
+    exact = np.array([[0.2 + 0.01 * n + 1e-5 * c + 2e-6 * n * c for c in ctxs] for n in ns])
+    assert np.allclose(fit_bilinear(exact, ns, ctxs), exact)
+    noisy = exact.copy()
+    noisy[0, 1] *= 0.8  # one point 20% low (a non-monotone grid: t(1, 512) < t(1, 64))
+    fitted = fit_bilinear(noisy, ns, ctxs)
+    assert fitted[0, 1] > noisy[0, 1] and np.all(np.diff(fitted, axis=1) > 0) and np.all(np.diff(fitted, axis=0) > 0)
+    data = synthetic()
+    data["models"]["target"]["native"]["decode"][1][0] *= 1.5  # t(2, 0) 50% high
+    grid, smooth = CostModel(data), CostModel(data, fit="bilinear")
+    assert smooth.price("target", 2, 0) < grid.price("target", 2, 0)
+    assert "fit" not in grid.record() and smooth.record()["fit"] == "bilinear"
+    with pytest.raises(ConfigError, match="not one of grid, bilinear"):
+        CostModel(data, fit="spline")
+
+
 def test_an_ar_example_is_priced_call_by_call_from_its_counters():
     cost = CostModel(synthetic())
     p, n = 50, 21
@@ -218,6 +242,8 @@ def test_replay_and_compare_predict_speedups_and_validation_prints_the_error(run
     assert cost_cmd.main(["--runs-dir", str(runs_dir)]) == 0
     printed = capsys.readouterr().out
     assert sd["run_id"] in printed and "mean |error|" in printed
+    assert cost_cmd.main(["--runs-dir", str(runs_dir), "--fit", "bilinear"]) == 0
+    assert "cost grids read by bilinear" in capsys.readouterr().out  # the synthetic grid is bilinear: same prices
     rows = cost_cmd.validate(__import__("viasd.tracking.store", fromlist=["RunStore"]).RunStore(runs_dir))
     assert {r["method"] for r in rows} == {"ar", "sd"} and all(r["predicted"] > 0 for r in rows)
     assert all(r["cpu n"] == 2 and r["cpu"] > 0 for r in rows if r["method"] == "sd")  # cpu_s of both runs

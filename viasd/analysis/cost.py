@@ -17,8 +17,11 @@ The paper-shape cost file of ``python -m experiments.gpu_smoke --paper-shapes`` 
 :meth:`CostModel.load` with the pair's name converts it (:func:`from_shape_costs`) to the grid form
 above, so one loader prices a trace with costs measured on another machine.
 
-``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts) and,
-for prefills beyond it, along a prefill line measured at an empty context plus the decode grid's
+``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts; ``fit="grid"``, the
+default) or read off the least-squares bilinear surface ``a + b·n + c·context + d·n·context`` through
+the grid (``fit="bilinear"``: :func:`fit_bilinear`; four numbers per curve, so one noisy grid point does
+not bend the prices around it — on a grid measured on a busy machine it moved predicted speedups by up to
+15%: ``docs/results.md``), and, for prefills beyond it, along a prefill line measured at an empty context plus the decode grid's
 context slope scaled by ``n``. :func:`predict_example` prices a finished example from its
 counters (calls, tokens, logits rows per model) when no trace gives each call;
 :class:`~viasd.analysis.sim.SimStream` prices each replayed call exactly (``docs/replay.md``).
@@ -55,11 +58,32 @@ def cost_name(pair: str, runtime: dict[str, Any], threads: int, host: str | None
             f"-t{threads}.json")
 
 
+#: How a curve reads its decode grid (module doc): interpolate the measured points, or their bilinear fit.
+FITS = ("grid", "bilinear")
+
+
+def fit_bilinear(decode: np.ndarray, ns: Sequence[int], ctxs: Sequence[int]) -> np.ndarray:
+    """The least-squares surface ``t = a + b·n + c·ctx + d·n·ctx`` through a decode grid, on that grid.
+
+    ``decode``: ``[len(ns), len(ctxs)]`` seconds; returns the fitted ``[len(ns), len(ctxs)]`` (floored at
+    0). With fewer grid points than the four coefficients the grid is returned as it is."""
+    decode = np.asarray(decode, dtype=np.float64)
+    n, c = np.meshgrid(np.asarray(ns, float), np.asarray(ctxs, float), indexing="ij")
+    x = np.stack([np.ones_like(n), n, c, n * c], axis=-1).reshape(-1, 4)
+    if len(x) < 4 or np.linalg.matrix_rank(x) < 4:
+        return decode
+    coef, *_ = np.linalg.lstsq(x, decode.ravel(), rcond=None)
+    return np.maximum(0.0, x @ coef).reshape(decode.shape)
+
+
 class Curve:
     """``t(n, context)`` of one forward kind: a decode grid plus a prefill line (seconds)."""
 
-    def __init__(self, spec: dict[str, Any], ns: list[int], ctxs: list[int], prefill_ns: list[int]):
+    def __init__(self, spec: dict[str, Any], ns: list[int], ctxs: list[int], prefill_ns: list[int],
+                 fit: str = "grid"):
         decode = np.asarray(spec["decode"], dtype=np.float64)  # [len(ns), len(ctxs)]
+        if fit == "bilinear":
+            decode = fit_bilinear(decode, ns, ctxs)
         self.grid = RegularGridInterpolator((np.asarray(ns, float), np.asarray(ctxs, float)), decode,
                                             bounds_error=False, fill_value=None)
         self.n_max, self.ctxs = max(ns), ctxs
@@ -139,23 +163,27 @@ def from_shape_costs(doc: dict[str, Any], pair: str) -> dict[str, Any]:
 
 class CostModel:
     """Every model of a pair priced from one cost file (``data``: its JSON, in the grid form; ``sha256``:
-    of the file's bytes, ``pair``: the ``viasd.cost/v1`` entry read — both set by :meth:`load`)."""
+    of the file's bytes, ``pair``: the ``viasd.cost/v1`` entry read — both set by :meth:`load`; ``fit``:
+    how each curve reads its grid, one of :data:`FITS`)."""
 
     def __init__(self, data: dict[str, Any], path: Path | None = None, sha256: str | None = None,
-                 pair: str | None = None):
+                 pair: str | None = None, fit: str = "grid"):
+        if fit not in FITS:
+            raise ConfigError(f"cost fit {fit!r} is not one of {', '.join(FITS)}")
         self.data, self.path, self.meta = data, path, data.get("meta", {})
-        self.sha256, self.pair = sha256, pair
+        self.sha256, self.pair, self.fit = sha256, pair, fit
         g = data["grid"]
-        curve = (lambda spec: Curve(spec, g["ns"], g["contexts"], g["prefill_ns"]) if spec else None)
+        curve = (lambda spec: Curve(spec, g["ns"], g["contexts"], g["prefill_ns"], fit) if spec else None)
         self.models = {name: ModelCost(m.get("n_layers"), curve(m["native"]), curve(m.get("routed_base")),
                                        curve(m.get("routed_layer")), float(m.get("head_row", 0.0)))
                        for name, m in data["models"].items()}
         self._memo: dict[tuple, float] = {}
 
     @classmethod
-    def load(cls, path: str | Path, pair: str | None = None) -> CostModel:
+    def load(cls, path: str | Path, pair: str | None = None, fit: str = "grid") -> CostModel:
         """The cost model of a grid-form file, or of ``pair`` in a ``viasd.cost/v1`` file
-        (:func:`from_shape_costs`); one ConfigError line when the file cannot be read."""
+        (:func:`from_shape_costs`), reading its grids by ``fit``; one ConfigError line when the file cannot
+        be read."""
         path = Path(path)
         try:
             raw = path.read_bytes()
@@ -167,7 +195,7 @@ class CostModel:
                 data = from_shape_costs(data, pair)
             else:
                 pair = (data.get("meta") or {}).get("pair")
-            return cls(data, path, hashlib.sha256(raw).hexdigest(), pair)
+            return cls(data, path, hashlib.sha256(raw).hexdigest(), pair, fit)
         except ConfigError:
             raise
         except (OSError, KeyError, ValueError) as e:
@@ -180,11 +208,12 @@ class CostModel:
     def record(self, repo: Path = PROJECT_ROOT) -> dict[str, Any]:
         """What a frontier this model priced records of it (``docs/replay.md`` §9): ``path`` (relative to
         ``repo`` when the file is inside it, else absolute), ``sha256`` of its bytes as loaded, and ``pair``
-        (the ``viasd.cost/v1`` entry read; a grid file's own pair)."""
+        (the ``viasd.cost/v1`` entry read; a grid file's own pair), and ``fit`` when it is not ``grid``."""
         path = None if self.path is None else Path(self.path).resolve()
         if path is not None and path.is_relative_to(Path(repo).resolve()):
             path = path.relative_to(Path(repo).resolve())
-        return {"path": None if path is None else str(path), "sha256": self.sha256, "pair": self.pair}
+        rec = {"path": None if path is None else str(path), "sha256": self.sha256, "pair": self.pair}
+        return rec if self.fit == "grid" else {**rec, "fit": self.fit}
 
     def entry(self, model: str) -> ModelCost:
         if model not in self.models:

@@ -70,7 +70,7 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
         s = run["summary"]
         ar = run if s.get("method") == "ar" else (_unfinished_ar(store, run) if unfinished else find_ar(store, run))
         cost = None if ar is None else run_cost(store, ar)
-        if cost is None or ar is None or not run["examples"]:
+        if cost is None:
             continue
         if fit != cost.fit:
             cost = CostModel(cost.data, cost.path, cost.sha256, cost.pair, fit)

@@ -17,12 +17,12 @@ The paper-shape cost file of ``python -m experiments.gpu_smoke --paper-shapes`` 
 :meth:`CostModel.load` with the pair's name converts it (:func:`from_shape_costs`) to the grid form
 above, so one loader prices a trace with costs measured on another machine.
 
-``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts; ``fit="grid"``, the
-default) or read off the least-squares bilinear surface ``a + b·n + c·context + d·n·context`` through
-the grid (``fit="bilinear"``: :func:`fit_bilinear`; four numbers per curve, so one noisy grid point does
-not bend the prices around it — on a grid measured on a busy machine it moved predicted speedups by up to
-15%: ``docs/results.md``), and, for prefills beyond it, along a prefill line measured at an empty context plus the decode grid's
-context slope scaled by ``n``. :func:`predict_example` prices a finished example from its
+``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts; ``fit="grid"``,
+the default) or read off the least-squares bilinear surface ``a + b·n + c·context + d·n·context``
+through the grid (``fit="bilinear"``: :func:`fit_bilinear`; four numbers per curve, so one noisy grid
+point does not bend the prices around it — on a grid measured on a busy machine it moved predicted
+speedups by up to 15%: ``docs/results.md``), and, for prefills beyond it, along a prefill line measured
+at an empty context plus the decode grid's context slope scaled by ``n``. :func:`predict_example` prices a finished example from its
 counters (calls, tokens, logits rows per model) when no trace gives each call;
 :class:`~viasd.analysis.sim.SimStream` prices each replayed call exactly (``docs/replay.md``).
 """
@@ -70,7 +70,7 @@ def fit_bilinear(decode: np.ndarray, ns: Sequence[int], ctxs: Sequence[int]) -> 
     decode = np.asarray(decode, dtype=np.float64)
     n, c = np.meshgrid(np.asarray(ns, float), np.asarray(ctxs, float), indexing="ij")
     x = np.stack([np.ones_like(n), n, c, n * c], axis=-1).reshape(-1, 4)
-    if len(x) < 4 or np.linalg.matrix_rank(x) < 4:
+    if np.linalg.matrix_rank(x) < 4:
         return decode
     coef, *_ = np.linalg.lstsq(x, decode.ravel(), rcond=None)
     return np.maximum(0.0, x @ coef).reshape(decode.shape)

@@ -200,14 +200,14 @@ def _quality(metric: str, task: str, rows: list[dict[str, Any]], ar_rows: list[d
     (BLEU, chrF: :data:`~viasd.analysis.corpus.CORPUS`) is the corpus score of the examples' predictions,
     compared by paired bootstrap (:func:`~viasd.analysis.corpus.corpus_delta`) — never the mean of its
     per-example sentence scores; any other metric is the mean of per-example scores."""
-    scored = [(e, a) for e, a in zip(rows, ar_rows) if not (math.isnan(score(e, task)) or math.isnan(score(a, task)))]
-    if metric in CORPUS and scored:
-        run_q, ar_q, d = corpus_delta(metric, [str(e.get("prediction") or "") for e, _ in scored],
-                                      [str(a.get("prediction") or "") for _, a in scored],
-                                      [a.get("reference") for _, a in scored])
-        return d, run_q, ar_q
-    pairs = [(score(e, task), score(a, task)) for e, a in scored]
-    if not pairs:
+    scored = [(e, a, x, y) for e, a in zip(rows, ar_rows)
+              if not (math.isnan(x := score(e, task)) or math.isnan(y := score(a, task)))]
+    if not scored:
         return Paired(0, math.nan), math.nan, math.nan
-    return (quality_delta([a for a, _ in pairs], [b for _, b in pairs]),
-            sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs))
+    if metric in CORPUS:
+        run_q, ar_q, d = corpus_delta(metric, [str(e.get("prediction") or "") for e, *_ in scored],
+                                      [str(a.get("prediction") or "") for _, a, *_ in scored],
+                                      [a.get("reference") for _, a, *_ in scored])
+        return d, run_q, ar_q
+    q, qa = [x for *_, x, _ in scored], [y for *_, y in scored]
+    return quality_delta(q, qa), sum(q) / len(q), sum(qa) / len(qa)

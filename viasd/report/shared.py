@@ -196,9 +196,10 @@ def write_shared(out: Path, name: str, title: str, store: RunStore, ar_id: str, 
     paths = write_table(out, name, title, header, rows, runs, [], note=note, scale=scale, extra={"costs": costs})
     atomic_write_json(out / f"{name}.rows.json", {"header": header, "rows": rows})
     full = [r["loaded"] for r in runs]  # the runs the table read, ar first
-    by_metric = metric_table(str(full[0]["summary"].get("task", "")), full, full[0], labels or {})
+    task = str(full[0]["summary"].get("task", ""))
+    by_metric = metric_table(task, full, full[0], labels or {})
     if by_metric:
-        paths += write_table(out, f"{name}_metrics", f"{title}: quality by metric", metric_header(str(full[0]["summary"].get("task", ""))), by_metric,
+        paths += write_table(out, f"{name}_metrics", f"{title}: quality by metric", metric_header(task), by_metric,
                              runs, [], scale=scale, note=(
                                  f"Each cell: the run's score on the examples it shares with `{ar_id}` (0-100), ar's "
                                  "on the same examples in parentheses, the difference with its paired bootstrap 95% "

@@ -9,8 +9,9 @@ local run store and then in the results store committed in the repository (``res
 ``--results none`` leaves it out); folders that do not prove themselves are listed once as
 invalid (on stderr) and never compared. ``--unfinished`` also reads runs still being decoded
 (the cells of an interleaved exp such as ``verdict``) on their complete examples: an interim
-reading, printed only (a written table is made from finished runs); examples a run scores when it
-finishes (HumanEval, MBPP) have no quality yet.
+reading, printed only (a written table is made from finished runs). Text tasks' examples (ROUGE, BLEU,
+exact match) are scored from their records as the run's finish will score them; code tasks' (HumanEval,
+MBPP: scoring runs the programs) have no quality yet.
 """
 
 from __future__ import annotations

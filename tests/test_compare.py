@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments import compare
+from viasd.analysis.paired import interim_scores, load_unfinished
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.report.common import ISOLATION, NOT_RECORDED
@@ -123,6 +124,30 @@ def test_unfinished_runs_give_an_interim_table_that_is_printed_never_written(run
     assert compare.main(["--ar", ar["run_id"], sd["run_id"], "--runs-dir", str(runs_dir), "--unfinished",
                          "--out", str(tmp_path / "o")]) == 2
     assert "drop --out" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_an_unfinished_text_task_run_is_scored_as_its_finish_will_score_it(runs_dir, synthetic_data):
+    """An interim reading has quality on text tasks (XSum's ROUGE here): each complete example gets the
+    score the run writes when it finishes; a code task's examples stay unscored (scoring runs programs)."""
+    ar = _run("method=ar", "task=xsum", "task.n_examples=3")
+    ngram = _run("method=sd_ngram", "task=xsum", "task.n_examples=3")
+    finished = {e["id"]: e["score"] for e in RunStore(runs_dir).examples(ngram["run_id"])}
+    assert all(finished.values())
+    for rid in (ar["run_id"], ngram["run_id"]):  # still being decoded: no summary, records without scores
+        (runs_dir / rid / "summary.json").unlink()
+        path = runs_dir / rid / "examples.jsonl"
+        path.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "score"}) + "\n"
+                                for line in path.read_text().splitlines()[:2]))
+    run = load_unfinished(RunStore(runs_dir), ngram["run_id"])
+    assert [e["score"] for e in run["examples"]] == [finished[e["id"]] for e in run["examples"]]
+    assert all("score" not in json.loads(line) for line in (runs_dir / ngram["run_id"] / "examples.jsonl").open())
+    rows, _, note = shared_table(RunStore(runs_dir), ar["run_id"], [ngram["run_id"]], unfinished=True)
+    quality = HEADER.index("quality (same examples)")
+    assert rows[1][2] == 2 and rows[1][quality] == rows[0][quality] == 0.0 and "rougeL" in note  # random model: no overlap
+    same = [{"id": "a", "prediction": "The cat sat on the mat.", "reference": "The cat sat on the mat."}]
+    assert interim_scores({"name": "xsum"}, same)[0]["score"]["rougeL"] == pytest.approx(100.0)
+    code = [{"id": "1", "prediction": "def f(): pass", "reference": "assert f() is None"}]
+    assert interim_scores({"name": "mbpp"}, code) == code
 
 
 def test_code_task_rows_name_the_isolation_level_their_programs_ran_at(runs_dir, synthetic_data, tmp_path):

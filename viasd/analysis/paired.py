@@ -29,6 +29,7 @@ from viasd.analysis.cost import CostModel, find_cost, predict_example
 from viasd.analysis.stats import Paired, quality_delta, speedup_ci
 from viasd.engine.routing import default_self_layers
 from viasd.errors import ConfigError
+from viasd.tasks.base import Example, build_task
 from viasd.tracking.baseline import PRIMARY, workload_key
 from viasd.tracking.proof import UNFINISHED
 from viasd.tracking.store import RunStore, RunStores, as_stores, store_roots
@@ -59,7 +60,22 @@ def load_unfinished(store: RunStore, run_id: str) -> dict | None:
                "task": (cfg.get("task") or {}).get("name"), "slim_mask/layers": mask.get("layers"),
                "slim_mask/source": mask.get("source", "")}
     return {"run_id": run_id, "config": cfg, "summary": summary, "meta": meta, "root": v.path.parent,
-            "examples": store.partial_examples(run_id)}
+            "examples": interim_scores(cfg.get("task") or {}, store.partial_examples(run_id))}
+
+
+def interim_scores(task_cfg: dict[str, Any], examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``examples`` (records of a run still being decoded) with the per-example ``score`` its task
+    will give them when the run finishes, where the task scores from prediction and reference alone
+    (ROUGE, BLEU, exact match; :attr:`~viasd.tasks.base.Task.scores_from_records`); code tasks' are left
+    unscored (they run the programs). The records on disk are not touched."""
+    if not examples or all(e.get("score") for e in examples) or not task_cfg.get("name"):
+        return examples
+    task = build_task(task_cfg)
+    if not task.scores_from_records:
+        return examples
+    _, per_example = task.score([str(e.get("prediction") or "") for e in examples],
+                                [Example(id=str(e["id"]), prompt="", reference=e.get("reference")) for e in examples])
+    return [{**e, "score": e.get("score") or sc} for e, sc in zip(examples, per_example)]
 
 
 def resolve_run_id(store: RunStore, spec: str) -> str:

@@ -131,6 +131,11 @@ class Task:
 
     options: ClassVar[tuple[str, ...]] = ()
     metric: ClassVar[str | None] = None
+    #: Whether :meth:`score` needs no more than each example's prediction and reference (a text
+    #: metric), so the examples of a run still being decoded can be scored from their records for an
+    #: interim reading (:func:`~viasd.analysis.paired.load_unfinished`). Code tasks execute programs
+    #: and read the problem's metadata: False.
+    scores_from_records: ClassVar[bool] = True
 
     def __init__(self, cfg: Mapping[str, Any] | Any):
         raw = _to_plain_dict(cfg)

@@ -29,6 +29,7 @@ def extract_code_block(text: str) -> str | None:
 
 class _CodeTask(Task):
     metric = "code_pass_at_1"
+    scores_from_records = False  # runs the programs, with the problem's prompt and tests from the data
     key_field = "task_id"
     options = ("timeout_s", "memory_mb", "workers", "unsafe_exec")  # the sandbox's, per program
 

@@ -41,7 +41,7 @@ def test_humaneval_canonical_solutions_pass_164_of_164():
     rows = [{"task_id": e.id, "completion": e.meta["canonical_solution"]} for e in task.examples()]
     assert len(rows) == 164
     pass1, out = score_samples(task, rows, workers=WORKERS)
-    assert [r["task_id"] for r in out if not r["passed"]] == [] and pass1 == 100.0
+    assert [(r["task_id"], r["status"], r["result"]) for r in out if not r["passed"]] == [] and pass1 == 100.0
 
 
 def test_mbpp_reference_solutions_pass():

@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from experiments import score_code
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import build_task, loading, sandbox, sandbox_kernel, sandbox_levels
+from viasd.tasks import build_task, loading, sandbox, sandbox_kernel, sandbox_levels, sandbox_rpc
 from viasd.tasks.base import Example
 from viasd.tasks.sandbox import run_program, run_programs
 
@@ -205,3 +207,57 @@ def test_not_root_with_user_namespaces_chooses_the_rootless_level(monkeypatch):
         assert why == "" and plan.mode == "rootless" and plan.level == "rootless namespaces" and not plan.drop_uid
     finally:
         sandbox._isolation.cache_clear()
+
+
+# --- the machine's hiccups are not the program's failures --------------------------------------------
+
+
+def test_a_sample_the_sandbox_could_not_run_is_run_again(monkeypatch, caplog):
+    calls: dict[str, int] = {}
+
+    def fake(code, checks, *a, **kw):
+        calls[code] = calls.get(code, 0) + 1
+        if code == "broken" or (code == "flaky" and calls[code] == 1):
+            return sandbox.SandboxResult(False, "error", "SystemError: a harness thread's hiccup", "", 0.0)
+        return sandbox.SandboxResult(code != "wrong", "passed" if code != "wrong" else "failed", "", "", 0.0)
+
+    monkeypatch.setattr(sandbox, "run_program", fake)
+    with caplog.at_level(logging.WARNING, logger=sandbox.log.name):
+        out = run_programs(["ok", "flaky", "wrong", "broken"], workers=2, unsafe=True)
+    assert [r.status for r in out] == ["passed", "passed", "failed", "error"]
+    assert calls == {"ok": 1, "flaky": 2, "wrong": 1, "broken": 1 + sandbox.ERROR_RETRIES}  # a failure is final
+    assert "could not run 2 of 4 samples" in caplog.text
+
+
+def test_the_harness_parses_programs_from_many_threads_without_a_systemerror(monkeypatch):
+    # python/cpython#106905: a collection inside ast.parse that runs a finalizer which yields the GIL let a
+    # second thread's parse corrupt the first's recursion depth (1 SystemError in 160 parses without the lock)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    code = Path(sandbox.__file__).read_text()
+    errors: list[str] = []
+
+    class Finalized:
+        def __init__(self):
+            self.me = self  # a cycle: freed by the collector, mid-parse
+
+        def __del__(self):
+            time.sleep(0)
+
+    def work():
+        for _ in range(40):
+            try:
+                [Finalized() for _ in range(50)]
+                sandbox_rpc.builtin_shadows(code)
+            except SystemError as e:
+                errors.append(str(e))
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []

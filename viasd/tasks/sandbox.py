@@ -341,6 +341,10 @@ def _run(plan: Plan, code: str, checks: str, timeout_s: float, memory_mb: int, m
         free_uid(uid)
 
 
+#: How many more times :func:`run_programs` runs a sample whose sandbox could not run it (status ``error``).
+ERROR_RETRIES = 2
+
+
 def run_programs(
     codes: Sequence[str],
     checks: Sequence[str] | None = None,
@@ -354,9 +358,11 @@ def run_programs(
 ) -> list[SandboxResult]:
     """:func:`run_program` over ``zip(codes, checks)``, ``workers`` at a time (default: CPUs, ≤ 8).
 
-    Results are in input order; one sample's crash or hang never affects the others. Raises
-    a ConfigError before running anything when isolation is unavailable and not waived;
-    when it is waived, logs a warning on every call.
+    Results are in input order; one sample's crash or hang never affects the others. A sample
+    whose sandbox could not run it (status ``"error"``: a start-up failure, a harness exception
+    under load) is run again, one at a time, up to ``ERROR_RETRIES`` times, so the machine's
+    hiccup does not score as the program's failure. Raises a ConfigError before running anything
+    when isolation is unavailable and not waived; when it is waived, logs a warning on every call.
     """
     checks = list(checks) if checks is not None else [""] * len(codes)
     if len(checks) != len(codes):
@@ -376,6 +382,16 @@ def run_programs(
         return run_program(codes[i], checks[i], timeout_s, memory_mb, unsafe=unsafe, plan=plan, **limits)
 
     if n <= 1 or len(codes) == 1:
-        return [one(i) for i in range(len(codes))]
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        return list(ex.map(one, range(len(codes))))
+        results = [one(i) for i in range(len(codes))]
+    else:
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            results = list(ex.map(one, range(len(codes))))
+    for _ in range(ERROR_RETRIES):
+        again = [i for i, r in enumerate(results) if r.status == "error"]
+        if not again:
+            break
+        log.warning("the sandbox could not run %d of %d samples (e.g. %s); running them again, one at a time",
+                    len(again), len(codes), results[again[0]].reason)  # fmt: skip
+        for i in again:
+            results[i] = one(i)
+    return results

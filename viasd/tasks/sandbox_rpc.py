@@ -21,6 +21,7 @@ import re
 import select
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -174,6 +175,13 @@ class _Remote:
         return f"<the program's {self.__name__}>"
 
 
+# CPython 3.11 keeps ast.parse's recursion depth in per-interpreter state: two samples' harness threads
+# parsing at once can raise "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905;
+# seen on 3.11.7 with 4 scoring threads under load, a canonical HumanEval solution scored "error"), so
+# parses take turns.
+_AST_LOCK = threading.Lock()
+
+
 def builtin_shadows(code: str) -> frozenset[str]:
     """Names of builtins that ``code`` redefines with a top-level ``def`` (MBPP 126 tests its own ``sum``).
 
@@ -181,7 +189,8 @@ def builtin_shadows(code: str) -> frozenset[str]:
     in a shared namespace; a builtin rebound any other way (``abs = …``) does not reach the checks.
     """
     try:
-        tree = ast.parse(code)
+        with _AST_LOCK:
+            tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset()
     defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}

@@ -133,3 +133,13 @@ def test_a_compared_table_records_the_cost_files_of_its_predictions_and_is_stale
     (out / "cmp.sources.json").write_text(json.dumps({k: v for k, v in src.items() if k != "costs"}))
     v = _verdict(repo, runs_dir)  # written before compared tables recorded their cost files
     assert v.state == STALE and v.reason.startswith("names no cost file that priced its predicted speedups")
+
+
+def test_a_frontier_of_lossless_methods_only_draws_a_figure_of_its_own_size(frontier):
+    """``method=ar,sd``: nothing diverges, so the names once sat far above the axes (0 to 0.05) and the saved
+    figure grew to 1620×2320 px; they sit inside now, and the empty precision panel says why it is empty."""
+    from PIL import Image
+
+    _, out, _ = frontier
+    width, height = Image.open(out.with_suffix(".png")).size
+    assert width < 1700 and height < 700, (width, height)  # figsize 10×3.8 in at 150 dpi, plus the legend

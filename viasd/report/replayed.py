@@ -133,10 +133,15 @@ def write_frontier(results: list[dict[str, Any]], out: Path, name: str, run_id: 
                    if not {"method=via_sd", "method=faster_cascades"} & set(r.get("overrides", []))
                    and not any("gamma" in o for o in r.get("overrides", [])))
     top = max([r.get("divergences_per_100") or 0 for r in results] + [1.0])
-    for i, (sp, method) in enumerate(named):  # the lossless methods named, staggered above their squares
-        axes[0].annotate(method, (sp, 0), xytext=(sp, top * (0.35 + 0.15 * (i % 4))), fontsize=7, ha="center",
-                         color="C3", arrowprops=dict(arrowstyle="-", color="C3", lw=0.5),
+    axes[0].set_ylim(-0.05 * top, 1.05 * top)  # from 0 (nothing diverges: 0 to 1) with matplotlib's own margins
+    for i, (sp, method) in enumerate(named):  # the lossless methods named, staggered above their squares (the
+        # label's height a fraction of the axes: inside them also when nothing diverges)
+        axes[0].annotate(method, (sp, 0), xytext=(sp, 0.35 + 0.15 * (i % 4)), textcoords=("data", "axes fraction"),
+                         fontsize=7, ha="center", color="C3", arrowprops=dict(arrowstyle="-", color="C3", lw=0.5),
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
+    if not any(r.get("precision/tier1_n", 0) for r in results):
+        axes[1].text(0.5, 0.5, "no tier-1 tokens: every policy here is lossless", ha="center", va="center",
+                     fontsize=8, color="C7", transform=axes[1].transAxes)
     axes[0].set(xlabel="predicted speedup over ar (×)", ylabel="divergences from ar per 100 tokens")
     axes[1].set(xlabel="predicted speedup over ar (×)", ylabel="tier-1 precision (Wilson 95% interval)"
                 + ("\nfaster_cascades: tokens kept from the drafter" if rules else ""))

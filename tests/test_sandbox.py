@@ -450,3 +450,28 @@ def test_without_a_cgroup_the_sample_may_not_fork_and_memfds_are_bounded(monkeyp
     ), r
     assert r.peak_memory_mb is None
     assert run_program(RIGHT, CHECKS).passed
+
+
+def _probe_at(start: float, conn) -> None:
+    while time.time() < start:
+        pass
+    conn.send(cgroups.cgroup_support.__wrapped__() is not None)
+
+
+@pytest.mark.skipif(cgroups.cgroup_support() is None, reason="no per-sample cgroup here to probe for")
+def test_harness_processes_probing_for_cgroups_at_once_all_find_them():
+    """Two scorers started together (xdist workers, parallel jobs) once probed with one cgroup name: the one
+    whose mkdir lost ran every sample without a cgroup (13 of 15 simultaneous pairs). Each probe has its own."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    found = []
+    for _ in range(5):
+        start, pipes = time.time() + 0.3, [ctx.Pipe(duplex=False) for _ in range(3)]
+        procs = [ctx.Process(target=_probe_at, args=(start, w)) for _, w in pipes]
+        for p in procs:
+            p.start()
+        found += [r.recv() for r, _ in pipes]
+        for p in procs:
+            p.join(10)
+    assert all(found), found

@@ -73,20 +73,29 @@ def cgroup_support() -> tuple[str, dict[str, Path]] | None:
         candidates.append(("v2", {"": unified / own[""].lstrip("/")}))
     if "memory" in own and "pids" in own:
         candidates.append(("v1", {c: _ROOT / c / own[c].lstrip("/") for c in ("memory", "pids")}))
+    # The probe has a name of its own: two harness processes probing at once (xdist workers, parallel jobs)
+    # both made "viasd-sbx-probe", and the one that lost ran every sample without a cgroup (no fork, no
+    # memory cgroup): 13 of 15 simultaneous pairs of probes here.
+    with _lock:
+        tag = f"probe-{os.getpid()}-{next(_counter)}"
+    why: list[str] = []
     for version, parents in candidates:
         try:
-            SampleCgroup._create(version, parents, 64 * 1024 * 1024, 8, None, "probe").remove()
+            SampleCgroup._create(version, parents, 64 * 1024 * 1024, 8, None, tag).remove()
         except OSError as e:
             log.debug("cgroup %s unusable here: %s", version, e)
+            why.append(f"{version}: {e}")
             continue
         if version == "v2" or "cpu" in own:
             cpu = {"cpu": parents[""] if version == "v2" else _ROOT / "cpu" / own["cpu"].lstrip("/")}
             try:
-                SampleCgroup._create(version, {**parents, **cpu}, 64 * 1024 * 1024, 8, 1.0, "probe").remove()
+                SampleCgroup._create(version, {**parents, **cpu}, 64 * 1024 * 1024, 8, 1.0, tag).remove()
                 parents = {**parents, **cpu}
             except OSError as e:
                 log.debug("no cgroup CPU limit here (RLIMIT_CPU only): %s", e)
         return version, parents
+    log.warning("no per-sample cgroup can be created here (%s): sandboxed samples may not fork or start threads, "
+                "and their memory is bounded per process only", "; ".join(why) or "no cgroup hierarchy of this process")
     return None
 
 

@@ -254,7 +254,8 @@ KERNEL = LIBC + (
     "            print('fork refused:', e, '; RLIMIT_NPROC', resource.getrlimit(resource.RLIMIT_NPROC),\n"
     "                  '; loadavg', open('/proc/loadavg').read().strip())\n"
     "            r = type('R', (), {'returncode': 'no fork', 'stdout': ''})()\n"
-    "        time.sleep(0.25)\n"
+    "        else:\n"
+    "            time.sleep(0.25)\n"
     "print('unshare -Urm =', r.returncode, 'mounted' in r.stdout)\n"
     "print(open('/proc/self/status').read())\n"
 )

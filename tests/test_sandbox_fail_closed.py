@@ -229,7 +229,7 @@ def test_a_sample_the_sandbox_could_not_run_is_run_again(monkeypatch, caplog):
     assert "could not run 2 of 4 samples" in caplog.text
 
 
-def test_the_harness_parses_programs_from_many_threads_without_a_systemerror(monkeypatch):
+def test_the_harness_parses_programs_from_many_threads_without_a_systemerror():
     # python/cpython#106905: a collection inside ast.parse that runs a finalizer which yields the GIL let a
     # second thread's parse corrupt the first's recursion depth (1 SystemError in 160 parses without the lock)
     old = sys.getswitchinterval()

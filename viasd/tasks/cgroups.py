@@ -50,6 +50,12 @@ def _own_paths() -> dict[str, str]:
     return out
 
 
+def _fresh_tag(prefix: str = "") -> str:
+    """A cgroup name suffix no other cgroup of this or another live process has: ``<prefix><pid>-<n>``."""
+    with _lock:
+        return f"{prefix}{os.getpid()}-{next(_counter)}"
+
+
 def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
@@ -76,8 +82,7 @@ def cgroup_support() -> tuple[str, dict[str, Path]] | None:
     # The probe has a name of its own: two harness processes probing at once (xdist workers, parallel jobs)
     # both made "viasd-sbx-probe", and the one that lost ran every sample without a cgroup (no fork, no
     # memory cgroup): 13 of 15 simultaneous pairs of probes here.
-    with _lock:
-        tag = f"probe-{os.getpid()}-{next(_counter)}"
+    tag = _fresh_tag("probe-")
     why: list[str] = []
     for version, parents in candidates:
         try:
@@ -127,9 +132,7 @@ class SampleCgroup:
         support = cgroup_support()
         if support is None:
             return None
-        with _lock:
-            tag = f"{os.getpid()}-{next(_counter)}"
-        return cls._create(support[0], support[1], memory_bytes, max_tasks, cpus, tag)
+        return cls._create(support[0], support[1], memory_bytes, max_tasks, cpus, _fresh_tag())
 
     @classmethod
     def _create(cls, version: str, parents: dict[str, Path], memory_bytes: int, max_tasks: int,

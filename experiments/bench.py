@@ -203,6 +203,8 @@ def run_sandbox_bench(cfg: DictConfig) -> None:
     print(f"\nsandbox: {meta['n_samples']} canonical HumanEval samples ({meta['source']}) x {meta['reps']} reps, "
           f"{meta['workers']} workers for samples/s, uid {meta['uid']}, load {meta['load_avg'][0]:.1f}")
     print(format_table(rows, COLUMNS))
+    for claim, held in meta["orderings"].items():  # the expected orderings, checked here, not in a unit test
+        print(f"  {claim}: {'yes' if held else 'NO (a loaded machine? measure again)'}")
     write_json(o.out, rows, meta)
     print(f"wrote {o.out}")
 

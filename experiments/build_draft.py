@@ -4,6 +4,12 @@
     python -m experiments.build_draft pair=smollm2 steps=200 layers=2 --cost
     python -m experiments.build_draft --no-data           # built-in prompts only (no data folder)
 
+A build takes ~12–21 min on 2 CPU cores (the target continues every prompt, then the draft trains) and is
+cached. The recipe's prompts are 384 + 48 from the offline data folder: the committed runs' draft. Without a
+data folder (or ``--no-data``) the draft is distilled on the 41 + 7 built-in prompts — another draft, and the
+runs that use it carry ``pair.options.draft_prompts=builtin:<hash>`` in their ids
+(:func:`viasd.distill.pair.draft_prompts_identity`), so a run id always names one draft.
+
 A Hydra entry (``conf/build_draft.yaml``): ``key=value`` overrides set
 :class:`viasd.distill.config.DraftBuildConfig` fields (typed and checked by the schema built
 from the dataclass); ``cost``, ``no_data``, ``rebuild``, ``quiet`` and ``cache_root`` choose

@@ -12,6 +12,8 @@ the prediction then on the same examples (``cpu n``: runs from before ``cpu_s`` 
 ``--unfinished`` adds runs still being decoded, on their complete examples (the cells of an
 interleaved exp in progress), each against the ``ar`` run sharing most of its examples.
 Every run is priced by its ``ar`` run's cost file, as a compared table prices its rows.
+``python -m experiments.cost roofline gpu=h100|h200|a100 pair=<pair> out=<file>`` writes the pair's cost file
+as that card would price it by a roofline model (:mod:`viasd.analysis.roofline`), without a GPU.
 ``--fit bilinear`` reads each cost grid through its bilinear least-squares fit instead of
 interpolating the measured points (``viasd.analysis.cost.fit_bilinear``): run it with both to see
 which prices the runs of a machine better.
@@ -92,7 +94,56 @@ def validate(store: RunStore, run_ids: list[str] | None = None, pair: str | None
     return rows
 
 
+ROOFLINE_USAGE = ("usage: python -m experiments.cost roofline gpu=h100|h200|a100 pair=<pair> out=<file> "
+                  "[overhead=eager|graph] [eager_layer_us=N eager_base_us=N graph_layer_us=N graph_base_us=N] [price=runs] "
+                  "[rows=FILE.rows.json,…]")
+
+
+def roofline(argv: list[str]) -> int:
+    """``roofline gpu=… pair=… out=…``: a ``viasd.cost/v1`` file from the pair's shapes and the card's peaks
+    (:mod:`viasd.analysis.roofline`; a model, labelled as one), which ``experiments.replay … cost=FILE`` reads."""
+    from viasd.analysis.roofline import OVERHEADS, write_roofline
+    from viasd.errors import ConfigError, one_line_errors
+
+    with one_line_errors():
+        kv = dict(a.split("=", 1) for a in argv if "=" in a)
+        bad = [a for a in argv if "=" not in a] + [k for k in kv if k not in (
+            "gpu", "pair", "out", "overhead", "price", "rows",
+            *(f"{m}_{p}_us" for m in OVERHEADS for p in ("base", "layer")))]
+        if bad or not {"gpu", "pair", "out"} <= set(kv):
+            raise ConfigError(f"{'unknown argument ' + repr(bad[0]) if bad else 'gpu, pair and out are needed'}; "
+                              + ROOFLINE_USAGE.removeprefix("usage: "))
+        try:
+            over = {m: {"base_us": float(kv.get(f"{m}_base_us", o["base_us"])),
+                        "per_layer_us": float(kv.get(f"{m}_layer_us", o["per_layer_us"]))} for m, o in OVERHEADS.items()}
+        except ValueError as e:
+            raise ConfigError(f"overhead microseconds must be numbers ({e}); e.g. eager_layer_us=250") from None
+        path, doc = write_roofline(kv["out"], kv["pair"], kv["gpu"].lower(), kv.get("overhead", "eager"), over)
+    entry = doc["pairs"][kv["pair"]]
+    print(f"{path}: {doc['device']}, overhead {doc['roofline']['overhead']}; pair {kv['pair']}: "
+          + ", ".join(f"{role} {mid} t(1 token, ctx 1024) = {doc['models'][mid]['t_ms']['1024']['1']:.2f} ms"
+                      for role, mid in entry.items() if role != "c" and mid in doc["models"])
+          + "".join(f"; skipped {m}: {why}" for m, why in doc["skipped"].items()))
+    print(f"price a trace with it: python -m experiments.replay run=<run id> method=… cost={path} "
+          f"cost_pair={kv['pair']}")
+    if kv.get("price") == "runs" or kv.get("rows"):
+        from viasd.analysis.roofline import price_rows, price_runs
+
+        stores = RunStores.default(runs_dir())
+        with one_line_errors():
+            if kv.get("price") == "runs":  # decoded runs: their counters under both prices
+                print(pd.DataFrame(price_runs(stores, kv["pair"], path)).to_markdown(index=False, floatfmt=".2f"))
+            if kv.get("rows"):  # replayed policies (e.g. the oracle gate): their aggregate counters
+                files = kv["rows"].split(",")
+                print(pd.DataFrame(price_rows(stores, kv["pair"], path, files)).to_markdown(index=False,
+                                                                                            floatfmt=".2f"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "roofline":
+        return roofline(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="*", help="run ids (default: every finished run)")
     ap.add_argument("--runs-dir", default=None, help="run store folder (default: $VIASD_RUNS_DIR or ./runs)")
@@ -105,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     store = RunStores.default(args.runs_dir or runs_dir())  # the user's store, then the results store
     if args.unfinished:
         store = RunStore(args.runs_dir or runs_dir())  # unfinished runs live in the user's store only
-    rows = validate(store, args.runs or None, args.pair, args.unfinished, args.fit)
+    from viasd.errors import one_line_errors
+
+    with one_line_errors():  # a malformed cost file in the store: one line naming the fix
+        rows = validate(store, args.runs or None, args.pair, args.unfinished, args.fit)
     if not rows:
         print("no finished run has both a cost file for its pair and an ar run of its workload; measure one with "
               "`python -m experiments.bench --cost-curve pair=<pair>`")

@@ -1,6 +1,6 @@
 """``python -m experiments.replay run=<run id> [method=… method.KEY=V …] [grid=FILE.yaml] [out=FILE.json]
-[examples=N] [cost=auto|none|PATH [cost_pair=NAME]] [oracle=true] [held_out=GATE] [figure=frontier|gates]
-[runs_dir=…]``
+[examples=N] [cost=auto|none|PATH [cost_pair=NAME] [cost.allow_other_pair=true]] [oracle=true] [held_out=GATE]
+[figure=frontier|gates] [runs_dir=…]``
 
 Replays decoding policies over a finished run's traces (``python -m experiments.trace`` first):
 each policy is a method config composed exactly as ``experiments.run`` composes it (``method=sd_ngram``,
@@ -18,6 +18,8 @@ via_sd policy's slim mask, drafter and γ beside the frontier; ``held_out=GATE``
 the learned gate file ``GATE`` was not trained on. Greedy runs are replayed exactly, sampled ones as expected
 counters of ``sd`` (``docs/replay.md``). Each ``out=`` row and the ``report=`` sources record the cost file that
 priced the frontier by hash (``docs/replay.md`` §9: ``report --check`` calls the frontier stale when it changes).
+A malformed cost file is one error line (``docs/cost_file.md``); one measured for another pair than the run's is
+refused unless ``cost.allow_other_pair=true``, and then the printed note names both pairs.
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ from viasd.analysis.cost import CostModel, find_cost
 from viasd.analysis.paired import load_run, resolve_run_id
 from viasd.analysis.replay import Policy, TraceSet, replay
 from viasd.analysis.trace import slim_key, trace_dir
+from viasd.engine.gate_file import load_gate
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.api import method_config
 from viasd.methods.ar import ARConfig
-from viasd.methods.gate_file import load_gate
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.report.gates import write_gates
 from viasd.report.replayed import write_frontier
@@ -57,8 +59,8 @@ from viasd.tracking.baseline import quality
 from viasd.tracking.store import RunStore, RunStores, method_label, store_roots
 from viasd.utils.fs import atomic_write_json
 
-CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "cost_pair", "runs_dir", "oracle",
-           "held_out", "figure")
+CONTROL = ("run", "grid", "out", "report", "scale", "examples", "cost", "cost_pair", "cost.allow_other_pair", "runs_dir",
+           "oracle", "held_out", "figure")
 #: Counters a replay of a run's own policy must reproduce (greedy: exactly).
 CHECKED = ("new_tokens", "target_calls", "target_tokens", "slim_calls", "slim_tokens", "draft_calls",
            "draft_tokens", "self_draft_calls", "self_draft_tokens", "rounds", "drafted", "accepted", "rejected",
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"figure={ctl['figure']!r}: use figure=frontier (default) or figure=gates")
         scored = _ar_scores(store, ctl["run"], summary) if ctl.get("figure") == "gates" else None
         cost = _cost(ctl.get("cost", "auto"), store, summary, json.loads((path / "meta.json").read_text()),
-                     ctl.get("cost_pair"))
+                     ctl.get("cost_pair"), _allow_other_pair(ctl))
         n = int(ctl["examples"]) if "examples" in ctl else None
         idx = list(range(min(n, traces.n_examples))) if n else None
         if "held_out" in ctl:  # only the problems a learned gate was not trained on
@@ -205,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(results)} policies over {results[0]['n_examples']} examples of {ctl['run']} in {dt:.1f} s"
           + ("" if cost else "; no cost file for this pair (predicted speedup –): "
              "`python -m experiments.bench --cost-curve pair=<pair>` measures one")
-          + (f"; predicted speedups priced by the cost file {cost.path}" if cost and cost.path else ""))
+          + (f"; predicted speedups priced by the cost file {cost.path}" if cost and cost.path else "")
+          + (f" (measured for pair {cost.pair}, not this run's pair {summary.get('pair')}: cost.allow_other_pair=true)"
+             if cost and cost.pair != summary.get("pair") else ""))
     if own:
         diff = {k: (summary.get(k), results[0].get(k)) for k in CHECKED
                 if k in summary and summary.get(k) != results[0].get(k, 0)}
@@ -216,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {ctl['out']}")
     if "report" in ctl:  # DIR/NAME: the frontier as a table and a figure
         target = Path(ctl["report"])
+        if record and cost.pair != summary.get("pair"):  # allowed by cost.allow_other_pair=true: the note says so
+            record = {**record, "trace_pair": summary.get("pair")}
         replayed = {"run": ctl["run"], "command": replay_command(argv, ctl["run"]), "cost": record}
         if scored:  # figure=gates: every gate reading with quality as bounds
             paths = write_gates(results, scored[1], scored[0], target.parent, target.name, ctl["run"],
@@ -254,16 +260,33 @@ def replay_command(argv: list[str], run_id: str) -> str:
     return "python -m experiments.replay " + " ".join(shlex.quote(portable(a)) for a in argv)
 
 
+def _allow_other_pair(ctl: dict[str, str]) -> bool:
+    """``cost.allow_other_pair=true|false`` (default false); anything else is one error line."""
+    value = ctl.get("cost.allow_other_pair", "false").lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"cost.allow_other_pair={ctl['cost.allow_other_pair']!r}: use true (price this run with "
+                          "another pair's costs) or false")
+    return value == "true"
+
+
 def _cost(spec: str, store: RunStore, summary: dict[str, Any], meta: dict[str, Any],
-          pair: str | None = None) -> CostModel | None:
+          pair: str | None = None, allow_other_pair: bool = False) -> CostModel | None:
     """The cost model of ``cost=``: none, a file (a ``viasd.cost/v1`` file is read for ``pair``, default the
-    run's pair), or the store's file for the run's pair and machine (auto)."""
+    run's pair), or the store's file for the run's pair and machine (auto). A file measured for another pair
+    than the run's (or naming none) is one error line unless ``allow_other_pair``."""
     if spec == "none":
         return None
-    if spec != "auto":
-        return CostModel.load(spec, pair or summary.get("pair"))
-    return find_cost(store_roots(store), summary.get("pair", ""), meta.get("runtime"), meta.get("threads"),
-                     meta.get("cpu"))
+    run_pair = summary.get("pair")
+    if spec == "auto":
+        return find_cost(store_roots(store), run_pair or "", meta.get("runtime"), meta.get("threads"),
+                         meta.get("cpu"))
+    cost = CostModel.load(spec, pair or run_pair)
+    if cost.pair != run_pair and not allow_other_pair:
+        measured = f"measured for pair {cost.pair!r}" if cost.pair else "naming no pair (meta.pair)"
+        raise ConfigError(f"cost file {spec} is {measured}, not this run's pair {run_pair!r}: its prices are not "
+                          f"this pair's; measure one (`python -m experiments.bench --cost-curve pair={run_pair}`) "
+                          "or pass cost.allow_other_pair=true to price it with these costs anyway")
+    return cost
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ they read (``_masks/<pair>/``, :mod:`viasd.dimr.publish`): a search run's own ma
 ``stash [RUN_ID …] [--to DIR]`` copies the complete examples of unfinished runs (default: every one
 of the local store with at least one example; also while they decode) into ``results/unfinished/``
 (``--to``); ``restore [RUN_ID …] [--from DIR]`` copies them into the local store, where the same
-command resumes each. A long decode spread over machines whose local stores do not survive them
+command resumes each.
+
+``export RUN_ID --format specbench [--out FILE] [--baseline AR_RUN_ID]`` writes a finished run as
+Spec-Bench's answer jsonl (:mod:`viasd.tracking.specbench`), which Spec-Bench's ``evaluation/speed.py``
+reads, and prints Spec-Bench's speed metric per task group (``task=specbench``: its six groups). A long decode spread over machines whose local stores do not survive them
 (the verdict's 40-problem cells) commits its stash and loses at most what came after it.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from viasd.dimr.publish import publish_masks
@@ -35,7 +40,7 @@ from viasd.errors import one_line_errors
 from viasd.paths import results_dir, runs_dir, unfinished_dir
 from viasd.tracking.proof import EMPTY, FINISHED, INVALID, UNFINISHED
 from viasd.tracking.results import publish, restore, stash
-from viasd.tracking.store import RunStore, RunStores
+from viasd.tracking.store import RunStore, RunStores, odd_folder
 
 
 def check(stores: RunStores, move_aside: Path | None) -> int:
@@ -45,8 +50,7 @@ def check(stores: RunStores, move_aside: Path | None) -> int:
         verdicts = store.folders()
         rows = []
         for v in verdicts:
-            lock = store.lock(v.path.name)
-            if v.state in (UNFINISHED, EMPTY) and lock.is_locked():
+            if v.state in (UNFINISHED, EMPTY) and (lock := store.lock(v.path.name)).is_locked():
                 rows.append(("being written", v, f"by {lock.describe()}"))
             elif v.state == UNFINISHED:
                 rows.append(("unfinished", v, f"{v.records} complete examples; the same command resumes it"))
@@ -65,6 +69,12 @@ def check(stores: RunStores, move_aside: Path | None) -> int:
 
 
 def _move(store: RunStore, path: Path, dest: Path) -> Path:
+    if odd_folder(path) is not None:  # a link or a name no run writes to: moved as it is (a link, not its target)
+        target = dest / path.name
+        target = target if not target.exists() and not target.is_symlink() else dest / f"{path.name}.{time.time_ns()}"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(target))
+        return target
     lock = store.lock(path.name)
     if not lock.try_acquire():
         return path  # it started being written since it was listed: left alone
@@ -75,6 +85,22 @@ def _move(store: RunStore, path: Path, dest: Path) -> Path:
         lock.release()
     shutil.rmtree(path, ignore_errors=True)
     return target
+
+
+def export(stores: RunStores, run_id: str, out: Path | None, baseline: str | None) -> int:
+    """``export RUN_ID --format specbench``: the answer file, and Spec-Bench's speed per task group."""
+    import pandas as pd
+
+    from viasd.tracking.specbench import export_run, group_rows
+
+    path, lines, run = export_run(stores, run_id, out)
+    print(f"{run['run_id']}: {len(lines)} answers written to {path}")
+    base = None
+    if baseline is not None:
+        bpath, base, brun = export_run(stores, baseline, path.with_name(f"{path.stem}.baseline.jsonl"))
+        print(f"{brun['run_id']}: {len(base)} baseline answers written to {bpath}")
+    print(pd.DataFrame(group_rows(lines, base)).to_markdown(index=False, floatfmt=".3f"))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,9 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("restore", parents=[common], help="copy stashed runs into the local store to resume them")
     r.add_argument("run_ids", nargs="*", help="default: every stashed run")
     r.add_argument("--from", dest="src", type=Path, default=None, help="stash folder (default: results/unfinished)")
+    e = sub.add_parser("export", parents=[common], help="write a finished run in another tool's format "
+                                                         "(specbench: Spec-Bench's answer jsonl)")
+    e.add_argument("run_id")
+    e.add_argument("--format", choices=["specbench"], required=True)
+    e.add_argument("--out", type=Path, default=None, help="answer file (default: <run id>.jsonl here)")
+    e.add_argument("--baseline", default=None, metavar="RUN_ID",
+                   help="also export this (ar) run beside it and print Spec-Bench's speedup against it")
     args = ap.parse_args(argv)
     user = RunStore(args.runs or runs_dir())
     with one_line_errors():
+        if args.cmd == "export":
+            return export(RunStores.default(user.root), args.run_id, args.out, args.baseline)
         if args.cmd == "check":
             return check(RunStores.default(user.root, None if args.results == "none" else args.results),
                          args.move_aside)

@@ -35,6 +35,7 @@ from viasd.config import to_dataclass
 from viasd.errors import ConfigError, one_line_errors
 from viasd.methods.api import method_config
 from viasd.methods.via_sd import SlimConfig
+from viasd.models.pairs import MASK_OPTIONS
 from viasd.paths import PROJECT_ROOT, runs_dir
 from viasd.tracking.store import RunStores
 
@@ -143,7 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        stored = (cfg["pair"].get("options") or {}) if cfg["pair"].get("loader") == "smollm2" else {}
+        if stored.get("draft") == "trained":  # the run's own draft: the one its id names, or none
+            from viasd.distill.pair import DRAFT_PROMPTS, check_draft_prompts
+
+            check_draft_prompts({k: v for k, v in stored.items() if k not in MASK_OPTIONS and k != DRAFT_PROMPTS},
+                                stored.get(DRAFT_PROMPTS))
         pair = load_pair(pair_config(cfg["pair"], args.pair))
+        if pair.draft is None and any(a.split("=", 1)[0] == "draft" for a in argv) and args.draft:
+            raise ConfigError(
+                f"draft=true: run {args.run}'s pair {pair.name!r} loads no draft model, so there is none to trace; "
+                "add one with pair.options.draft=trained (smollm2: the distilled draft, built once, 12–21 min on 2 "
+                "cores) or pair.draft.id=<hub id or folder>, or replay a model-free drafter without it "
+                "(method.drafter.name=ngram)")
         max_new = gen.get("max_new_tokens") or build_task(cfg["task"]).max_new_tokens
         examples = [Example(pair.encode(r["prompt"]), list(r["token_ids"])) for r in records]
         subjects = subjects_for(pair, slims, args.draft, args.intermediate, selves)

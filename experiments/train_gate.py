@@ -10,10 +10,14 @@ by problem (``test``: held-out share; ``live=N`` holds out at least the ``N`` pr
 ``task.n_examples=N`` of the run's task runs, so the gate can be decoded on problems it never saw) and, with ``transfer=<run id>`` (another task, same pair and
 traced mask), a transfer row scored on all of that run's problems. Prints the held-out metrics;
 the gate file records the pair, mask, features, λ, the trace and those metrics (``docs/method.md``).
+Out-of-range values (``topk``, ``gamma``, ``min_rows``, ``live`` below 1, ``seed`` outside ``[0, 2**32)``,
+``gate_temperature`` not positive, ``lam`` outside ``(0, 1)``) and a ``transfer=`` run traced on another pair
+are one error line each, before anything is labelled or written.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +30,8 @@ from viasd.analysis.gate_train import fit, labelled, scores, split_problems
 from viasd.analysis.paired import resolve_run_id
 from viasd.analysis.replay import TraceSet
 from viasd.analysis.trace import slim_key, trace_dir
+from viasd.engine.gate_file import save_gate
 from viasd.errors import ConfigError, one_line_errors
-from viasd.methods.gate_file import save_gate
 from viasd.paths import runs_dir
 from viasd.tasks.base import build_task
 from viasd.tracking.store import RunStores
@@ -50,6 +54,27 @@ class TrainArgs:
     seed: int = 0
     min_rows: int = 50
     runs_dir: str | None = None
+
+    def check(self) -> None:
+        """One error line naming the fix for a value out of range (types are checked by :func:`parse_args`)."""
+        if not self.run or self.mask is None:
+            raise ConfigError("name the traced run and the slim mask: run=<ar run id> mask=<mask> (e.g. mask=[0,1,3])")
+        if not 0 < self.test < 1:
+            raise ConfigError(f"test must be in (0, 1) (got {self.test}): the share of problems held out")
+        for key in ("gamma", "topk", "min_rows"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1 (got {getattr(self, key)}); e.g. {key}="
+                                  f"{TrainArgs.__dataclass_fields__[key].default}")
+        if self.live is not None and self.live < 1:
+            raise ConfigError(f"live must be >= 1 (got {self.live}): the problems a live decode runs; drop it for none")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed must be in [0, 2**32) (got {self.seed}): it seeds the train/test split")
+        if not math.isfinite(self.gate_temperature) or self.gate_temperature <= 0:
+            raise ConfigError(f"gate_temperature must be > 0 (got {self.gate_temperature}); 1.0 reads the raw softmax")
+        for lam in self.lam:
+            if not 0 < lam < 1:
+                raise ConfigError(f"lam must be in (0, 1) (got {lam}): the weight of a wrong trust; 0.5 weighs both "
+                                  "errors alike")
 
 
 def traces_of(store, run: str) -> tuple[str, TraceSet]:
@@ -85,22 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     with one_line_errors():
         args = parse_args([a.replace("lam=", "lam=[", 1) + "]" if a.startswith("lam=") and "[" not in a else a
                            for a in argv], TrainArgs)
-        if not args.run or args.mask is None:
-            raise ConfigError("name the traced run and the slim mask: run=<ar run id> mask=<mask> (e.g. mask=[0,1,3])")
-        if not 0 < args.test < 1:
-            raise ConfigError(f"test must be in (0, 1) (got {args.test}): the share of problems held out")
+        args.check()
         spec = slim_key(parse_mask(args.mask, 0.8))
         store = RunStores.default(args.runs_dir or runs_dir())
         rid, traces = traces_of(store, args.run)
         slim_file, _ = traces.file(spec), traces.file("draft")  # each missing trace: one line naming the command
+        other = None
+        if args.transfer:  # checked before any labelling
+            orid, otraces = traces_of(store, args.transfer)
+            for role in ("target", "draft", spec):  # the target first: another pair may not have the mask traced
+                mine, theirs = traces.file(role).meta.get("pair"), otraces.file(role).meta.get("pair")
+                if mine != theirs:
+                    raise ConfigError(f"transfer run {orid} was traced on pair {theirs!r}, the gate is trained on "
+                                      f"{mine!r}; name a traced run of the same pair (another task) as transfer=")
+            if otraces.file(spec).meta.get("layers") != slim_file.meta.get("layers"):
+                raise ConfigError(f"transfer run {orid} traced another mask for {spec!r}; trace it with the same pair")
         data = labelled(traces, "draft", spec, args.gamma, args.topk, args.gate_temperature)
         keep_out = live_problems(store, rid, args.live) if args.live else None
         train, held = split_problems(traces.n_examples, args.test, args.seed, keep_out)
-        other = None
         if args.transfer:
-            orid, otraces = traces_of(store, args.transfer)
-            if otraces.file(spec).meta.get("layers") != slim_file.meta.get("layers"):
-                raise ConfigError(f"transfer run {orid} traced another mask for {spec!r}; trace it with the same pair")
             other = (orid, labelled(otraces, "draft", spec, args.gamma, args.topk, args.gate_temperature))
         rows, written = [], []
         for lam in args.lam:

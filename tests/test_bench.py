@@ -83,6 +83,25 @@ def test_sandbox_section_times_each_isolation_level(tmp_path):
     assert set(sandbox.levels()) | {"unsafe"} <= set(rows) and data["meta"]["source"] == "synthetic"
     assert rows["unsafe"]["x_unsafe"] == 1.0 and all(row["samples"] == 2 for row in data["rows"][:-1])
     assert data["rows"][-1]["level"].startswith("interpreter start")
+    # structure only: which way the times compare is the benchmark's to say (its "orderings"), not a unit test's
     for level in ("root namespaces", "rootless namespaces"):
-        if level in rows:  # the namespaces cost something over the floor; their own floor is below the sample
-            assert rows[level]["x_unsafe"] > 1.0 and 0 < rows[level]["floor_ms"] < rows[level]["median_ms"]
+        if level in rows:
+            row = rows[level]
+            assert row["x_unsafe"] == pytest.approx(row["median_ms"] / rows["unsafe"]["median_ms"])
+            assert row["floor_ms"] > 0 and row["cgroup"] in ("yes", "no (rlimits)")
+            claims = {f"{level} costs more than unsafe", f"{level} floor below a sample"}
+            assert claims <= set(data["meta"]["orderings"]) and all(f"  {c}: " in r.stdout for c in claims)
+    assert all(type(v) is bool for v in data["meta"]["orderings"].values())
+
+
+def test_the_sandbox_bench_checks_its_orderings():
+    from viasd.harness.sandbox_bench import orderings
+
+    rows = [{"level": "root namespaces", "median_ms": 150.0, "x_unsafe": 1.7, "floor_ms": 90.0},
+            {"level": "rootless namespaces", "median_ms": 80.0, "x_unsafe": 0.9, "floor_ms": 95.0},
+            {"level": "unsafe", "median_ms": 88.0, "x_unsafe": 1.0, "floor_ms": float("nan")},
+            {"level": "interpreter start (python3 -I -c pass)", "samples": 3, "median_ms": 25.0}]  # fmt: skip
+    assert orderings(rows) == {"root namespaces costs more than unsafe": True,
+                               "root namespaces floor below a sample": True,
+                               "rootless namespaces costs more than unsafe": False,
+                               "rootless namespaces floor below a sample": False}  # fmt: skip

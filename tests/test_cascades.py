@@ -11,11 +11,11 @@ from viasd.config import GenerationConfig
 from viasd.core.cascade_rules import RULES, target_distribution, token_mixture, total_variation
 from viasd.core.rules import lenient_distribution
 from viasd.core.sampling import probs_from_logits
+from viasd.engine.cascade import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 from viasd.engine.drafters import DrafterConfig, NgramDrafter
 from viasd.engine.stream import Stream, start_sequence
 from viasd.errors import ConfigError
 from viasd.methods.api import decode
-from viasd.methods.cascade_sd import CascadeDrafter, MaxGramDrafter, bigram_next, cascade_levels
 
 # Cascades: the default (draft model accelerated by ngram, then ngram), a three-deep vertical chain
 # (self ← model ← ngram) plus horizontal levels, a purely horizontal one, and ngram alone.
@@ -102,11 +102,12 @@ def test_vertical_drafter_returns_the_verifying_models_distribution():
     seq = start_sequence(pair.target, ids)
     rng = torch.Generator().manual_seed(0)
     for _ in range(3):
-        tokens, probs = drafter.propose(seq, 8, gen, rng)
+        proposal = drafter.propose(seq, 8, gen, rng)
+        tokens, probs = proposal
         full = torch.cat([seq, tokens.view(1, -1)], 1)
         k = tokens.shape[0]
         p_ref = probs_from_logits(Stream(pair.draft, ids, "check").logits(full[:, :-1], last=k)[0], gen)
-        for j, level in enumerate(drafter.last_levels):
+        for j, level in enumerate(proposal.levels):
             if level == 0:
                 assert torch.allclose(probs[j], p_ref[j], atol=1e-5)
             else:
@@ -162,7 +163,7 @@ def test_max_gram_always_proposes():
     mag = MaxGramDrafter(lookup)
     gen = GenerationConfig()
     seq = torch.tensor([[1, 2, 3, 1, 2, 4]])  # 4 never seen before: lookup proposes nothing
-    assert lookup.propose(seq, 3, gen, None)[0].numel() == 0
+    assert lookup.propose(seq, 3, gen, None).tokens.numel() == 0
     tokens, probs = mag.propose(seq, 3, gen, None)
     assert tokens.tolist() == [1, 2, 3]  # most frequent token (1 and 2 tie: lowest id), 1→2, 2→3 (3 and 4 tie)
     assert torch.equal(probs, torch.nn.functional.one_hot(tokens, 10).float())

@@ -97,6 +97,7 @@ EXPECTED = {
 def run_ids():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ident_mod, "input_files", lambda cfg: {})
+        mp.setattr(ident_mod, "draft_prompts_identity", lambda options: {})  # the recipe's draft, data folder or not
         yield {k: run_id(*k.split()) for k in EXPECTED}
 
 
@@ -177,6 +178,7 @@ def test_a_shipped_mask_names_only_the_runs_that_read_it(run_ids):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ident_mod, "input_files", lambda cfg: {})
+        mp.setattr(ident_mod, "draft_prompts_identity", lambda options: {})  # the recipe's draft, data folder or not
         for base in ("pair=smollm2 task=prompts method=ar", "pair=smollm2 task=prompts method=sd"):
             assert with_new_mask(*base.split()) == run_ids[base]
         via = ("pair=smollm2", "task=prompts", "method=via_sd")

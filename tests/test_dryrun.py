@@ -88,8 +88,9 @@ def test_dry_run_plans_every_cell_and_summarises_per_pair(monkeypatch, capsys):
     assert "[viasd] pair llama2-7b-70b: DOES NOT FIT (2/2 cells); largest cell ~169.2 GiB" in out
     assert "[viasd] pair gemma2-2b-9b: fits (1 cells); largest cell ~26.5 GiB" in out
     assert "1 fit, 2 do not fit the visible GPUs" in out
-    assert "llama2-7b-70b: DOES NOT FIT (2/2 cells); largest cell ~169.2 GiB; SLURM on 30 GiB GPUs: " \
-           "hydra.launcher.gpus_per_node=6 hydra.launcher.mem_gb=170" in out
+    # the SLURM job is the launcher's (hydra.launcher.gpu_gib, 80 GiB), not one sized for the visible GPUs
+    assert "llama2-7b-70b: DOES NOT FIT (2/2 cells); largest cell ~169.2 GiB; SLURM on 80 GiB GPUs " \
+           "(hydra.launcher.gpu_gib): hydra.launcher.gpus_per_node=3 hydra.launcher.mem_gb=170" in out
     with pytest.raises(ConfigError, match=r"^2/3 cells do not fit the visible GPUs \(dry_run_strict=true\); "
                                           r"first: llama2-7b-70b/.*needs ~169 GiB"):
         dr.dry_run(cells, "three", strict=True)
@@ -101,7 +102,7 @@ def test_job_resources_follow_the_pair_size():
     assert dr.job_resources(169.2, 140) == {"gpus_per_node": 2, "mem_gb": 170}
     assert dr.job_resources(26.5) == {"gpus_per_node": 1, "mem_gb": 27}
     assert dr.job_resources(5.0) == {"gpus_per_node": 1, "mem_gb": 16}
-    with pytest.raises(ConfigError, match="VIASD_DRYRUN_GPUS"):
+    with pytest.raises(ConfigError, match="hydra.launcher.gpu_gib"):
         dr.job_resources(5.0, 0)
 
 
@@ -145,7 +146,9 @@ def test_cli_dry_run_exit_codes(tmp_path):
 def test_cpu_large_plan_counts_the_gguf_models_without_loading_them(monkeypatch, capsys):
     """The Qwen pair's plan comes from pinned counts (untied GGUF heads), never from loading 9 GB."""
     monkeypatch.setattr(dr, "built_params", lambda *a, **k: pytest.fail("the dry run loaded the pair"))
-    [cell] = [c for c in compose_cells(["+exp=table2", "scale=cpu-large", "task=humaneval", "method=via_sd"])]
+    # table2 at cpu-large is the verdict's interleaved group: one cell per variant; the first via_sd is the default.
+    cell = next(c for c in compose_cells(["+exp=table2", "scale=cpu-large", "task=humaneval"])
+                if c.method.name == "via_sd")
     plan = dr.plan_cell(cell)
     params = {m["role"]: m["params"] for m in plan.models}
     assert params == {"draft": 630_167_424, "target": 1_777_088_000}

@@ -21,9 +21,9 @@ from viasd.core.gate import FEATURES, dense_gate_features, gate_features, next_r
 from viasd.core.tiers import agreement_scores
 from viasd.dimr.margin import margin_rows
 from viasd.dimr.search import SearchConfig
+from viasd.engine.gate_file import load_gate, save_gate
 from viasd.errors import ConfigError
 from viasd.methods.api import decode, method_config
-from viasd.methods.gate_file import load_gate, save_gate
 
 MASK = [0, 1, 3]
 

@@ -11,7 +11,7 @@ import torch
 from tests.conftest import tiny_pair
 from viasd.config import GenerationConfig
 from viasd.engine.stream import Stream
-from viasd.engine.syncs import HostSyncs, host_copy, host_values
+from viasd.engine.syncs import HostSyncs, host_copy, host_values, to_host
 from viasd.harness.bench import Variant
 from viasd.harness.host_syncs import add_host_syncs, host_sync_rows
 from viasd.methods.api import decode
@@ -33,6 +33,21 @@ def test_the_counter_sees_every_read_and_not_a_host_copy():
         int(t[0]), t.tolist(), bool(t.any()), t.nonzero()
         host_values(host_copy(t))  # already on the host: no sync
     assert syncs.count == 4 and set(syncs.sites) == {"__int__", "tolist", "__bool__", "nonzero"}
+
+
+def test_a_site_is_the_packages_own_frame_wherever_the_checkout_lies():
+    """Issue 62: in a clone inside a folder named ``viasd`` a read made by a test was recorded at pytest's
+    ``python.py:187`` (frames were told by their path). Frames are told by their module's name now."""
+    t = torch.tensor([3, 1, 2])
+    src = "def read(t):\n    return bool(t.any())\n"
+    outside, inside = {"__name__": "_pytest.python"}, {"__name__": "viasd.engine.example"}
+    exec(compile(src, "/somewhere/viasd/.venv/_pytest/python.py", "exec"), outside)
+    exec(compile(src, "/anywhere/example.py", "exec"), inside)
+    with HostSyncs() as syncs:
+        outside["read"](t)  # a caller outside the package, in a file under a folder named viasd
+        inside["read"](t)  # a module of the package: its file and line
+        to_host(t)  # through the counted read of syncs.py itself: the caller (here, none in the package)
+    assert syncs.sites == {"__bool__": 1, "__bool__ example.py:2": 1, "tolist": 1}
 
 
 def test_ar_and_sd_read_the_device_once_per_round():

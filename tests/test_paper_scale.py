@@ -81,8 +81,8 @@ def test_auto_without_a_mask_is_one_error_never_every_other():
         assert decode(pair, ids, "viasd", {"gamma": 2}, {"max_new_tokens": 3}).tokens
     pair.extras.pop("slim_fallback")
     pair.extras.pop("_slim_plans", None)
-    with pytest.raises(ConfigError, match=r"no DIMR mask for pair 'tiny-llama' at keep_ratio=0\.50 .*"
-                                          r"`python -m experiments\.search pair=tiny-llama search\.keep_ratio=0\.5`"):
+    with pytest.raises(ConfigError, match=r"no DIMR mask for pair 'tiny-llama' at keep_ratio=0\.80 .*"
+                                          r"`python -m experiments\.search pair=tiny-llama search\.keep_ratio=0\.8`"):
         decode(pair, ids, "viasd", {"gamma": 2}, {"max_new_tokens": 3})
 
 

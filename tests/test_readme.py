@@ -6,7 +6,11 @@ test runs:
 
 * ``make run`` / ``make test`` → ``make -n <target>`` (a dry run: the set-up steps and the
   command the target would run, checked to be ``experiments.run`` / ``pytest``). Running them
-  for real installs a virtual environment / runs this whole suite; ``.ci/run`` does that.
+  for real installs a virtual environment / runs this whole suite; ``.ci/run`` does that. What
+  ``make run`` leaves behind is made first, as a user meets the blocks after it: the main job
+  (``+exp=main``, on the tiny pair) runs in the commands' folder before the first docs command, so a
+  later command that names a run by a prefix (``run=smollm2__ar__prompts``) must name one run
+  among everything the main job and the earlier commands made.
 * ``python -m experiments.<entry> …`` → the same entry with the same overrides, except that
   ``pair=smollm2`` (or no pair) becomes ``pair=tiny-llama`` (a tiny random pair with its own
   draft, no download) and ``pair.options.*`` is dropped, and small limits are appended per
@@ -15,8 +19,11 @@ test runs:
   Commands that cannot run here as written run in the form :data:`MAPPED` lists, each with its reason:
   GPU / hub / paper-scale / cpu-large runs as their dry run, ``+exp=`` grids at the smoke scale, reports on
   the smoke runs, the GPU smoke script on the CPU.
-* ``python -m experiments.trace|replay run=smollm2__…`` (or the docs' ``run=<run id>``) → the same command
-  on the tiny pair's ``ar`` run (``run=tiny-llama__ar__prompts``: a unique id prefix), made by an earlier command.
+* ``python -m experiments.trace|replay run=smollm2__…`` → the same command on the tiny pair's runs
+  (``run=tiny-llama__ar__prompts``: the prefix must be unique among the runs made so far); a trace of a
+  SmolLM2 run traces no draft model (``draft=false``), as SmolLM2 loads none unless
+  ``pair.options.draft=trained`` (the tiny pair always has one). The docs' ``run=<run id>`` placeholder →
+  the main job's ``ar`` run by its full id.
 * any other line (``printf … > file``) runs as written, with bash, in the same folder.
 
 A command that fits none of these fails :func:`test_every_docs_command_is_mapped`, and a code block that holds
@@ -52,9 +59,11 @@ LIMITS = {
     "kl": ["search.n_calibration=2", "search.seq_len=12", "search.batch_size=2"],
     "bench": ["n_prompts=1", "max_new_tokens=4", "warmup=0"],
 }  # fmt: skip
-MAKE_EXPECTS = {"run": "-m experiments.run", "test": "-m pytest"}
+MAKE_EXPECTS = {"run": "-m experiments.run", "test": "-m pytest", "test-quick": "-m pytest", "report": "-m experiments.report",
+                "notebook": "-m experiments.notebook"}
 RUN_READERS = ("trace", "replay")  # entries that read a finished run (run=<id or unique prefix>), no pair
-TINY_AR_RUN = "tiny-llama__ar__prompts"  # the prefix of the tiny ar run an earlier command makes
+TINY_AR_RUN = "tiny-llama__ar__prompts"  # the prefix of the tiny ar runs (the main job makes one)
+MAIN_AR = "MAIN-AR-RUN-ID"  # what run=<run id> becomes: replaced by the id once the main job has run
 #: What a command that cannot run here as written runs instead, and why.
 MAPPED = {
     "scale=paper / exp.scale=paper": "dry_run=true: the paper's pairs need the hub and GPUs",
@@ -66,7 +75,9 @@ MAPPED = {
     "experiments.report --scale S": "--scale smoke --results none: the report over the smoke runs made here, not "
                                     "the committed results store",
     "experiments.gpu_smoke [--paper-shapes]": "--device cpu --prompts 1 --max-new-tokens 4: no GPU here",
-    "run=smollm2__… / run=<run id>": f"run={TINY_AR_RUN}: the tiny pair's ar run an earlier command made",
+    "run=smollm2__…": f"run={TINY_AR_RUN}…: the tiny pair's runs made so far (a prefix must stay unique); a trace "
+                      "of it with draft=false (SmolLM2 loads no draft model by default, the tiny pair does)",
+    "run=<run id>": "the main job's ar run (make run made it), by its full id",
     "KEY=conf/…": "KEY=<checkout>/conf/…: the commands run in a temporary folder, the docs' in the checkout",
     "experiments.replay grid=conf/replay/X.yaml": "a copy of that grid with every list cut to its first value (one "
                                                   "policy per entry, not 226): every policy of the shipped grids "
@@ -148,7 +159,7 @@ def tiny_form(line: str, hf_folder: Path) -> list[str]:
     cpu-large commands as their dry run (nothing downloaded), ``/path/to/folder`` as a saved tiny model, exp
     grids at the smoke scale, reports over the smoke runs, the GPU smoke script on the CPU, everything else
     on a tiny pair with small limits."""
-    words = shlex.split(line.replace("run=<run id>", f"run={TINY_AR_RUN}"), comments=True)
+    words = shlex.split(line.replace("run=<run id>", f"run={MAIN_AR}"), comments=True)
     entry, module = words[2].split(".", 1)[1], words[2]
     if entry == "gpu_smoke":
         return [sys.executable, "-m", module, "--device", "cpu", "--prompts", "1", "--max-new-tokens", "4"]
@@ -161,7 +172,10 @@ def tiny_form(line: str, hf_folder: Path) -> list[str]:
     if entry == "replay":
         args = [re.sub(rf"^grid={PROJECT_ROOT}/conf/replay/", f"grid={hf_folder.parent}/grids/", a) for a in args]
     if entry in RUN_READERS:  # commands on a finished run: the docs' SmolLM2 run is the tiny pair's here
-        return [sys.executable, "-m", module, *[a.replace("run=smollm2__ar__prompts", f"run={TINY_AR_RUN}") for a in args]]
+        smollm2 = any(a.startswith("run=smollm2__") for a in args)
+        no_draft = ["draft=false"] if entry == "trace" and smollm2 and not any(a.startswith("draft=") for a in args) \
+            and not any(a.startswith("pair.options.draft=") for a in words[3:]) else []
+        return [sys.executable, "-m", module, *[a.replace("run=smollm2__", "run=tiny-llama__") for a in args], *no_draft]
     if entry == "run" and any(a.startswith("+exp=") for a in args) and not any(a.startswith("scale=") for a in args):
         return [sys.executable, "-m", module, *args, "scale=smoke"]
     pair = next((a for a in args if a.startswith("pair=")), None)
@@ -216,22 +230,30 @@ def _env(d: Path, data_dir: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, synthetic_data_dir):
-    """One folder for all docs commands (a printf line writes the file a later line reads),
-    with a tiny Llama saved as a Hugging Face folder for the ``pair=hf`` examples."""
+    """One folder for all docs commands (a printf line writes the file a later line reads), with a tiny Llama
+    saved as a Hugging Face folder for the ``pair=hf`` examples, and what ``make run`` leaves there: the main
+    job's runs (on the tiny pair: ``scale=smoke``). Returns ``(folder, env, hf folder, the main job's stdout,
+    its ar run id)``."""
     d = tmp_path_factory.mktemp("readme")
     _, target, tokenizer = build_tiny_pair("llama")
     target.save_pretrained(d / "hf-folder")
     tokenizer.save_pretrained(d / "hf-folder")
-    return d, _env(d, synthetic_data_dir), d / "hf-folder"
+    env = _env(d, synthetic_data_dir)
+    r = subprocess.run([sys.executable, "-m", "experiments.run", "+exp=main", "scale=smoke"], cwd=d, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"the main job (make run) failed:\n{r.stderr[-3000:]}"
+    main_ar = [p.name for p in (d / "runs").glob(f"{TINY_AR_RUN}__*")]
+    assert len(main_ar) == 1, main_ar
+    return d, env, d / "hf-folder", r.stdout, main_ar[0]
 
 
 @pytest.mark.parametrize("line", [pytest.param(c, id=w) for w, c in _distinct(("python", "shell"))])
 def test_docs_command_runs(line, workdir):
-    cwd, env, hf_folder = workdir
+    cwd, env, hf_folder, _, main_ar = workdir
     if _kind(line) == "shell":
         r = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     else:
-        write_small_grids(argv := tiny_form(line, hf_folder))
+        write_small_grids(argv := [a.replace(MAIN_AR, main_ar) for a in tiny_form(line, hf_folder)])
         r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{line}\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -246,14 +268,12 @@ def skeleton(line: str) -> str:
     return " ".join(re.sub(r"\d+(\.\d+)?", "N", line).split())
 
 
-def test_readme_sample_of_the_main_job_matches_what_it_prints(tmp_path, synthetic_data_dir):
+def test_readme_sample_of_the_main_job_matches_what_it_prints(workdir):
     """The README's ```text sample of the main job's printout has the lines the main job prints, in order
-    (run here at the smoke scale: the same job on the tiny pair)."""
+    (run here at the smoke scale: the same job on the tiny pair, in a fresh store: :func:`workdir`)."""
     sample = next(body for lang, body, _ in code_blocks(README) if lang == "text")
     expected = [skeleton(s) for s in sample.split("\n") if s.strip()]
-    r = subprocess.run([sys.executable, "-m", "experiments.run", "+exp=main", "scale=smoke"], cwd=tmp_path,
-                       env=_env(tmp_path, synthetic_data_dir), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    printed = iter(skeleton(s) for s in r.stdout.split("\n"))
+    stdout = workdir[3]
+    printed = iter(skeleton(s) for s in stdout.split("\n"))
     missing = [e for e in expected if not any(p == e for p in printed)]  # a subsequence, in order
-    assert not missing, f"README's sample of the main job's output has lines it does not print: {missing}\n{r.stdout}"
+    assert not missing, f"README's sample of the main job's output has lines it does not print: {missing}\n{stdout}"

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import cgroups, sandbox, sandbox_proc
-from viasd.tasks.sandbox import SandboxResult, remove_tree, run_program, run_programs
+from viasd.tasks import sandbox
+from viasd.tasks.sandbox import SandboxResult, cgroups, remove_tree, run_program, run_programs
+from viasd.tasks.sandbox import proc as sandbox_proc
 
 QUICK = 8.0  # seconds: every attack must be over well within this
 root_level_only = pytest.mark.skipif(

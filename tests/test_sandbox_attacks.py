@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from viasd.tasks import cgroups, sandbox, sandbox_proc
-from viasd.tasks.sandbox import run_program, run_programs
-from viasd.tasks.sandbox_kernel import _syscall_number
+from viasd.tasks import sandbox
+from viasd.tasks.sandbox import cgroups, run_program, run_programs
+from viasd.tasks.sandbox import proc as sandbox_proc
+from viasd.tasks.sandbox.kernel import _syscall_number
 
 pytestmark = pytest.mark.skipif(
     sandbox._isolation()[0] is None, reason=f"sandbox isolation unavailable here ({sandbox._isolation()[1]})"
@@ -240,7 +241,7 @@ KERNEL = LIBC + (
     f"print('io_uring_setup =', call({NR['io_uring_setup']}, 1, 0))\n"
     f"print('dumpable =', call({NR['prctl']}, 4, 1, 0, 0, 0))\n"
     # A fork refused for the whole run was a harness without cgroups (RLIMIT_NPROC 1): two xdist workers probed
-    # for cgroups with one name at once and one lost (fixed in viasd.tasks.cgroups). The program retries a
+    # for cgroups with one name at once and one lost (fixed in viasd.tasks.sandbox.cgroups). The program retries a
     # refused fork for 10 s, then says so ('no fork') with what it saw; without cgroups here the test warns
     # (a child inherits the seccomp filter: NoNewPrivs), with them it fails.
     "import resource, time\n"

@@ -7,7 +7,7 @@ from collections import Counter, OrderedDict, namedtuple
 
 import pytest
 
-from viasd.tasks.sandbox_codec import CrossError, decode, encode, frame, unframe_length
+from viasd.tasks.sandbox.codec import CrossError, decode, encode, frame, unframe_length
 
 PLAIN = [None, True, False, 0, -(10**30), 2.5, "é\n", b"\x00\xff", 1 - 2j, [], (), set(), frozenset(), {},
          [1, (2, [3]), {4: {5: b"6"}}, {(7, 8)}, frozenset({"9"})], {"a": None, 1: 1.0, (1, 2): [True]}]  # fmt: skip

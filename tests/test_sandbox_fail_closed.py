@@ -20,8 +20,11 @@ import pytest
 from experiments import score_code
 from viasd.errors import ConfigError
 from viasd.paths import PROJECT_ROOT
-from viasd.tasks import build_task, loading, sandbox, sandbox_kernel, sandbox_levels, sandbox_rpc
+from viasd.tasks import build_task, loading, sandbox
 from viasd.tasks.base import Example
+from viasd.tasks.sandbox import isolation as sandbox_levels
+from viasd.tasks.sandbox import kernel as sandbox_kernel
+from viasd.tasks.sandbox import rpc as sandbox_rpc
 from viasd.tasks.sandbox import run_program, run_programs
 
 RIGHT = "def add(a, b):\n    return a + b\n"

@@ -25,7 +25,7 @@ from viasd.harness import runner
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.report.build import build_all, collect
-from viasd.tracking import store as store_mod
+from viasd.tracking import run_folder as run_folder_mod
 from viasd.tracking.ids import run_id_for
 from viasd.tracking.proof import inspect
 from viasd.tracking.results import publish, restore, stash
@@ -173,8 +173,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_run_folder(runs_dir, monkeypatch)
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_mod, "atomic_write_text", full)
-    monkeypatch.setattr(store_mod, "append_text", full)
+    monkeypatch.setattr(run_folder_mod, "atomic_write_text", full)
+    monkeypatch.setattr(run_folder_mod, "append_text", full)
     try:
         with pytest.raises(StoreFull, match=r"^no space left on device writing .*config.yaml \(run store .*free\); "
                                             r"free space there or point VIASD_RUNS_DIR") as e:
@@ -188,7 +188,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_run_folder(runs_dir, monkeypatch)
 def test_a_full_disk_stops_a_grid_after_one_line(tmp_path):
     """A grid on a full store: one error line, the other cells listed as failed, no run folders."""
     runs = tmp_path / "runs"
-    code = ("import errno, runpy, sys; import viasd.tracking.store as s\n"
+    code = ("import errno, runpy, sys; import viasd.tracking.run_folder as s\n"
             "def full(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')\n"
             "s.atomic_write_text = s.append_text = full\n"
             "sys.argv = ['experiments.run', '+exp=fig_gap', 'scale=smoke', 'generation.max_new_tokens=2']\n"

@@ -22,7 +22,7 @@ from viasd.harness import runner
 from viasd.harness.runner import run
 from viasd.paths import PROJECT_ROOT
 from viasd.report.build import build_all, collect
-from viasd.tracking import store as store_mod
+from viasd.tracking import run_folder as run_folder_mod
 from viasd.tracking.ids import config_hash, run_id_for
 from viasd.tracking.proof import LEGACY_PROOFS, inspect
 from viasd.tracking.results import publish, restore, stash
@@ -265,8 +265,8 @@ def test_a_read_only_store_is_one_line(runs_dir, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(store_mod, "atomic_write_text", read_only)
-    monkeypatch.setattr(store_mod, "append_text", read_only)
+    monkeypatch.setattr(run_folder_mod, "atomic_write_text", read_only)
+    monkeypatch.setattr(run_folder_mod, "append_text", read_only)
     try:
         with pytest.raises(StoreReadOnly, match=r"^cannot write .*config.yaml \(Read-only file system: the run "
                                                 r"store .* is read-only for this user\); make it writable") as e:

@@ -78,6 +78,7 @@ LAYERS = (
     ("analysis",),  # trace replay, cost model, paired statistics (no decoding)
     ("harness",),   # runner, exp grids, dry run, benchmark
     ("report",),    # tables and figures from the run store
+    ("api",),       # the public Python API (viasd.api): wraps the layers below
 )
 MAX_LINES = 400
 

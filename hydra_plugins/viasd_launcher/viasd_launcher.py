@@ -16,9 +16,13 @@ runs that many copies of one cell, all writing the same run).
 
 **viasd_slurm** (``conf/hydra/launcher/viasd_slurm.yaml``): submitit's SLURM launcher that sizes
 each cell from its pair. Hydra hands a launcher one resource block per multirun; this one composes
-every cell's config, asks :func:`viasd.harness.dryrun.cell_job` for its GPUs, host memory and time
-(the dry run's memory plan on ``gpu_gib`` GPUs), and submits one job array per distinct size — a
-grid over three pairs is three arrays, each with its pair's resources. ``size_per_cell=false``
+every cell's config (without its ``hydra`` node: the sweep's ``${hydra.job.num}`` is unset until a
+job runs), asks :func:`viasd.harness.dryrun.cell_job` for its GPUs, host memory and time (the dry
+run's memory plan on ``gpu_gib`` GPUs, the same knob the dry run's SLURM sizes read), and submits
+one job array per distinct size — a grid over three pairs is three arrays, each with its pair's
+resources. A job never spans more than one node of ``node_gpus`` GPUs (default 8): when a cell
+would need more, nothing is submitted and one ``error:`` line names every such cell (exit 2), as
+does a bad ``gpu_gib``/``node_gpus``. ``size_per_cell=false``
 submits every cell with the block as written. Each cell builds its run inside the job, on the
 compute node, so a code task's sandbox preflight runs there too (``viasd.harness.runner.Cell``).
 """
@@ -27,6 +31,7 @@ compute node, so a code task's sandbox preflight runs there too (``viasd.harness
 # where dataclasses cannot resolve string annotations.
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,21 +135,39 @@ if SlurmLauncher is not None:
         _target_: str = "hydra_plugins.viasd_launcher.viasd_launcher.SizedSlurmLauncher"
         size_per_cell: bool = True  # each cell's gpus_per_node, mem_gb and timeout_min from its pair
         gpu_gib: float = 80.0  # GPU memory of the cluster's GPUs (GiB) the cells are sized for
+        node_gpus: int = 8  # GPUs of one node: a cell needing more is refused before anything is submitted
 
     class SizedSlurmLauncher(SlurmLauncher):
         """Submitit's SLURM launcher, one job array per cell size (see the module docstring)."""
 
-        def __init__(self, size_per_cell: bool = True, gpu_gib: float = 80.0, **params: Any) -> None:
+        def __init__(self, size_per_cell: bool = True, gpu_gib: float = 80.0, node_gpus: int = 8,
+                     **params: Any) -> None:
             super().__init__(**params)
-            self.size_per_cell, self.gpu_gib = bool(size_per_cell), float(gpu_gib)
+            self.size_per_cell, self.gpu_gib, self.node_gpus = bool(size_per_cell), gpu_gib, node_gpus
 
         def cell_size(self, overrides: list[str]) -> dict[str, int]:
             """A cell's ``gpus_per_node``, ``mem_gb`` and ``timeout_min`` (``timeout_min`` of the
-            block is the time per GPU)."""
-            from viasd.harness.dryrun import cell_job
+            block is the time per GPU); a cell no node holds is one ConfigError line."""
+            from viasd.harness.dryrun import cell_job, slurm_node
 
+            gpu_gib, node_gpus = slurm_node({"gpu_gib": self.gpu_gib, "node_gpus": self.node_gpus})
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-            return cell_job(cfg, self.gpu_gib, int(self.params["timeout_min"]))
+            return cell_job(cfg, gpu_gib, int(self.params["timeout_min"]), node_gpus)
+
+        def sizes(self, job_overrides: Sequence[Sequence[str]]) -> dict[tuple, dict[str, int]]:
+            """Every cell's :meth:`cell_size` by its overrides; one ``error:`` line naming every cell
+            that cannot be sized (no node holds it, a bad knob) and exit 2 before anything is submitted."""
+            sizes, refused = {}, []
+            for overrides in job_overrides:
+                try:
+                    sizes[tuple(overrides)] = self.cell_size(list(overrides))
+                except ConfigError as e:
+                    refused.append(str(e))
+            if refused:
+                print(f"error: {len(refused)} of {len(job_overrides)} cells cannot be submitted, nothing was: "
+                      + "; ".join(dict.fromkeys(refused)), file=sys.stderr)
+                sys.exit(2)
+            return sizes
 
         def executor(self, size: dict[str, Any]):
             """A submitit SLURM executor with the launcher's block, ``size`` overriding it."""
@@ -163,9 +186,10 @@ if SlurmLauncher is not None:
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
             if not self.size_per_cell:
                 return super().launch(job_overrides, initial_job_idx)
+            sizes = self.sizes(job_overrides)
             Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
             jobs: dict[int, Any] = {}
-            for size, cells in size_groups(job_overrides, initial_job_idx, self.cell_size).items():
+            for size, cells in size_groups(job_overrides, initial_job_idx, lambda o: sizes[tuple(o)]).items():
                 log.info(f"Submitit 'slurm' job array of {len(cells)} cells: "
                          + " ".join(f"{k}={v}" for k, v in size))
                 for idx, overrides in cells:

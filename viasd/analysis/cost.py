@@ -15,7 +15,9 @@ A cost file (``<store>/_cost/<pair>__<host>-<cpu tag>__<backend>-<dtype>-t<threa
 The paper-shape cost file of ``python -m experiments.gpu_smoke --paper-shapes`` (``viasd.cost/v1``,
 ``docs/cost_file.md``; measured per model, on a GPU or the CPU) is read by the same loader:
 :meth:`CostModel.load` with the pair's name converts it (:func:`from_shape_costs`) to the grid form
-above, so one loader prices a trace with costs measured on another machine.
+above, so one loader prices a trace with costs measured on another machine. Every file is checked before it
+prices anything (:mod:`viasd.analysis.cost_check`): a malformed one — NaN, zero or negative costs, grids of the
+wrong shape — is one ConfigError line naming the fix.
 
 ``t(n, context)`` is interpolated linearly on the measured grid (decode sizes × contexts; ``fit="grid"``,
 the default) or read off the least-squares bilinear surface ``a + b·n + c·context + d·n·context``
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator, interp1d
 
+from viasd.analysis.cost_check import SHAPE_FIX, check_grid, check_shape_doc
 from viasd.errors import ConfigError
 from viasd.paths import COST_DIR, PROJECT_ROOT
 from viasd.utils.fs import atomic_write_json
@@ -121,18 +124,20 @@ class ModelCost:
 SHAPE_SCHEMA = "viasd.cost/v1"  # the paper-shape file of experiments.gpu_smoke (viasd.harness.shape_costs)
 
 
-def from_shape_costs(doc: dict[str, Any], pair: str) -> dict[str, Any]:
+def from_shape_costs(doc: dict[str, Any], pair: str, where: str = "(viasd.cost/v1)") -> dict[str, Any]:
     """The grid form (this module's docstring) of ``pair``'s models in a ``viasd.cost/v1`` document.
 
     ``native.decode[k][ctx]`` is the measured ``t_ms[ctx][k]`` in seconds (``k`` = 1…8 tokens fed,
     the file's contexts); ``routed_base`` + ``layers · routed_layer`` is the line through the full
     forward (all layers) and the smallest slim verifier measured (``slim_layers[keep]`` layers);
     there is no prefill line (larger ``n`` extrapolates along the grid) and no extra-row cost
-    (``head_row`` 0). Raises ConfigError naming the pairs the file has when ``pair`` is not one.
+    (``head_row`` 0). Raises ConfigError naming the pairs the file has when ``pair`` is not one, and one
+    line for a malformed file (:func:`~viasd.analysis.cost_check.check_shape_doc`; ``where``: its path).
     """
-    roles = (doc.get("pairs") or {}).get(pair)
+    check_shape_doc(doc, pair, where)
+    roles = doc["pairs"].get(pair)
     if roles is None:
-        raise ConfigError(f"the {SHAPE_SCHEMA} cost file has no pair {pair!r} (it has {sorted(doc.get('pairs') or {})});"
+        raise ConfigError(f"the {SHAPE_SCHEMA} cost file has no pair {pair!r} (it has {sorted(doc['pairs'])});"
                           " name one with cost_pair=NAME")
     ks, ctxs = [int(k) for k in doc["ks"]], [int(c) for c in doc["contexts"]]
 
@@ -155,7 +160,8 @@ def from_shape_costs(doc: dict[str, Any], pair: str) -> dict[str, Any]:
         models[role] = entry
     if "target" not in models:
         raise ConfigError(f"the {SHAPE_SCHEMA} cost file has no measured target of pair {pair!r} "
-                          f"(skipped: {doc.get('skipped', {}).get(roles.get('target'), 'not measured')})")
+                          f"(skipped: {(doc.get('skipped') or {}).get(roles.get('target'), 'not measured')}); "
+                          + SHAPE_FIX)
     return {"meta": {"cpu": doc.get("device"), "device": doc.get("device"), "dtype": doc.get("dtype"),
                      "source": SHAPE_SCHEMA, "pair": pair, "paper_shapes": (doc.get("shapes") or {}).get("paper")},
             "grid": {"ns": ks, "contexts": ctxs, "prefill_ns": []}, "models": models}
@@ -170,6 +176,7 @@ class CostModel:
                  pair: str | None = None, fit: str = "grid"):
         if fit not in FITS:
             raise ConfigError(f"cost fit {fit!r} is not one of {', '.join(FITS)}")
+        check_grid(data, str(path) if path is not None else "(in memory)")  # one line naming the fix
         self.data, self.path, self.meta = data, path, data.get("meta", {})
         self.sha256, self.pair, self.fit = sha256, pair, fit
         g = data["grid"]
@@ -188,17 +195,19 @@ class CostModel:
         try:
             raw = path.read_bytes()
             data = json.loads(raw)
-            if data.get("schema") == SHAPE_SCHEMA:
+            if isinstance(data, dict) and data.get("schema") == SHAPE_SCHEMA:
                 if not pair:
+                    pairs = data.get("pairs") if isinstance(data.get("pairs"), dict) else {}
                     raise ConfigError(f"cost file {path} is a {SHAPE_SCHEMA} file of several pairs; name the pair "
-                                      f"(cost_pair=NAME; it has {sorted(data.get('pairs') or {})})")
-                data = from_shape_costs(data, pair)
+                                      f"(cost_pair=NAME; it has {sorted(pairs)})")
+                data = from_shape_costs(data, pair, str(path))
             else:
-                pair = (data.get("meta") or {}).get("pair")
+                check_grid(data, str(path))
+                pair = data.get("meta", {}).get("pair")
             return cls(data, path, hashlib.sha256(raw).hexdigest(), pair, fit)
         except ConfigError:
             raise
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
             raise ConfigError(f"cost file {path} is unreadable ({e}); re-measure it with "
                               "`python -m experiments.bench --cost-curve pair=<pair> curve.remeasure=true`") from e
 
@@ -261,8 +270,9 @@ def find_cost(store_root: Path | Sequence[Path], pair: str, runtime: dict[str, A
 
 def _measured_on(path: Path) -> str | None:
     try:
-        return json.loads(path.read_text()).get("meta", {}).get("cpu")
-    except (OSError, ValueError):
+        meta = json.loads(path.read_text()).get("meta", {})
+        return meta.get("cpu") if isinstance(meta, dict) else None
+    except (OSError, ValueError, AttributeError):  # unreadable or malformed: loading it says why
         return None
 
 

@@ -10,7 +10,7 @@ trace cannot know — a model's greedy token after a context that left the traje
   ``last`` rows to feed) and prices each call with the cost model.
 * :class:`Model` reads a traced model's greedy token at a context (known on the trajectory).
 * Proposals, each the greedy-mode twin of a drafter of :mod:`viasd.engine.drafters` /
-  :mod:`viasd.methods.cascade_sd`: :class:`LookupSim` calls the prompt-lookup drafter itself on
+  :mod:`viasd.engine.cascade`: :class:`LookupSim` calls the prompt-lookup drafter itself on
   the trajectory; :class:`ModelSim` is the draft's greedy continuation read from its trace;
   :class:`HybridSim`; :class:`VerticalSim` and :class:`CascadeSim` subclass the cascade drafters
   (their counters and level structure) and replace only how a block is proposed. Every proposal
@@ -28,10 +28,7 @@ import torch
 
 from viasd.analysis.trace import Rows, layers_key
 from viasd.core.rules import verify_block
-from viasd.engine.drafters import DrafterConfig, NgramDrafter
-from viasd.engine.stream import ModelStats
-from viasd.errors import ConfigError
-from viasd.methods.cascade_sd import (
+from viasd.engine.cascade import (
     DEFAULT_LEVELS,
     CascadeDrafter,
     MaxGramDrafter,
@@ -40,6 +37,9 @@ from viasd.methods.cascade_sd import (
     inner_quota,
     level_quota,
 )
+from viasd.engine.drafters import DrafterConfig, NgramDrafter
+from viasd.engine.stream import ModelStats
+from viasd.errors import ConfigError
 
 _RNG = torch.Generator()  # greedy verification draws nothing that matters; keep torch's global generator untouched
 Source = tuple[str, int] | None  # (traced model, row) whose raw distribution the gate reads; None: one-hot

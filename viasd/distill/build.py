@@ -37,8 +37,8 @@ import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from viasd.distill.cache import draft_dir, target_fingerprint
-from viasd.distill.config import DraftBuildConfig
-from viasd.distill.data import select_prompts
+from viasd.distill.config import REFERENCE_PROMPTS_SHA256, DraftBuildConfig
+from viasd.distill.data import select_prompts, selection_of
 from viasd.distill.draft_model import SubsetHeadLlamaForCausalLM
 from viasd.distill.evaluate import agreement, lookup_agreement, vocab_coverage
 from viasd.distill.init import init_draft, output_basis, vocab_subset
@@ -148,6 +148,22 @@ def build_info(folder: Path) -> dict:
     return json.loads((Path(folder) / "build_info.json").read_text())
 
 
+def build_notice(cfg: DraftBuildConfig, folder: Path, data_root: Path | None | str = "auto") -> str:
+    """What a draft build is about to cost and use, said before it starts: its prompts (the data folder's recipe
+    or the built-in ones, and whether run ids name them), its size and its time on a 2-core CPU."""
+    droot = data_dir(required=False) if data_root == "auto" else (Path(data_root) if data_root else None)
+    sha, tag, n_train, n_held = selection_of(cfg, droot)
+    if sha == REFERENCE_PROMPTS_SHA256:
+        source = f"the recipe's {n_train} + {n_held} prompts from the data folder {droot}: the committed runs' draft"
+    else:
+        source = (f"{n_train} + {n_held} {'built-in' if tag == 'builtin' else 'data-folder'} prompts, not the recipe's "
+                  f"384 + 48 from the offline data folder: another draft, so runs using it carry "
+                  f"pair.options.draft_prompts={tag}:{sha[:12]} in their ids")
+    return (f"building draft {folder.name} once (cached after; ~12–21 min on 2 CPU cores: the target continues every "
+            f"prompt by up to {cfg.gen_tokens} tokens, then {cfg.steps} training steps of a {cfg.layers}-layer "
+            f"{cfg.hidden}-wide Llama) from {source}…")
+
+
 def ensure_draft(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -167,7 +183,7 @@ def ensure_draft(
             return folder
         if reason != "missing":
             remove_broken(folder, reason, progress)
-        say(progress, f"building draft {folder.name} (once; see DraftBuildConfig for its size)…")
+        say(progress, build_notice(cfg, folder, data_root))
         build_draft(target, tokenizer, cfg, folder, progress, data_root)
     reason = verify_manifest(folder)
     if reason is not None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
-from viasd.distill.config import BUILD_FORMAT, DraftBuildConfig
+from viasd.distill.config import BUILD_FORMAT, REFERENCE_PROMPTS_SHA256, DraftBuildConfig
+from viasd.distill.data import selection_of
 from viasd.paths import cache_dir, data_dir
 
 
@@ -32,17 +33,27 @@ def target_fingerprint(target: PreTrainedModel) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def prompts_key(cfg: DraftBuildConfig, droot: Path | None) -> str:
+    """The prompt source part of a draft's cache key: ``data`` (the recipe's selection from the data folder:
+    :data:`~viasd.distill.config.REFERENCE_PROMPTS_SHA256`), ``builtin`` (no data folder), else ``data:<sha>``
+    (a data folder holding other files: another selection, so another draft)."""
+    if not droot:
+        return "builtin"
+    sha = selection_of(cfg, Path(droot))[0]
+    return "data" if sha == REFERENCE_PROMPTS_SHA256 else f"data:{sha[:16]}"
+
+
 def draft_dir(target: PreTrainedModel, cfg: DraftBuildConfig, cache_root: Path | None = None,
               data_root: Path | None | str = "auto") -> Path:  # fmt: skip
     """Cache folder ``<cache_root>/drafts/<name>-<hash>`` for this config, target and data source.
 
-    The hash covers ``cfg.key()``, :func:`target_fingerprint`, whether the data folder is used
-    (``data_root="auto"``: :func:`viasd.paths.data_dir` if present; ``None``: built-in prompts
-    only) and :data:`~viasd.distill.config.BUILD_FORMAT`.
+    The hash covers ``cfg.key()``, :func:`target_fingerprint`, the prompt source (:func:`prompts_key`;
+    ``data_root="auto"``: :func:`viasd.paths.data_dir` if present; ``None``: built-in prompts only) and
+    :data:`~viasd.distill.config.BUILD_FORMAT`.
     """
     root = Path(cache_root) if cache_root is not None else cache_dir()
     droot = data_dir(required=False) if data_root == "auto" else data_root
-    key = {"cfg": cfg.key(), "target": target_fingerprint(target), "data": "data" if droot else "builtin",
+    key = {"cfg": cfg.key(), "target": target_fingerprint(target), "data": prompts_key(cfg, droot),
            "format": BUILD_FORMAT}  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return root / "drafts" / f"{cfg.name}-{digest}"

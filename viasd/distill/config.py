@@ -11,6 +11,11 @@ from dataclasses import dataclass
 
 BUILD_FORMAT = 3  # the draft artifact (3: vocabulary-subset head)
 TEACHER_FORMAT = 2  # the cached teacher sequences (2: + final hidden states)
+#: The prompt selection (:func:`viasd.distill.data.selection_sha256`) the committed SmolLM2 runs' draft was
+#: distilled on: the default recipe over the offline data folder (384 training / 48 held-out prompts). A draft
+#: distilled on any other selection (no data folder: the 41 + 7 built-in prompts; a partial folder) names it in
+#: its runs' ids (``pair.options.draft_prompts``), so a run id always names one draft.
+REFERENCE_PROMPTS_SHA256 = "b135a8984444e8e54535e2063316996c156e0a22b105ac102316243f9035fcee"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from viasd.distill.config import DraftBuildConfig
+from viasd.errors import ConfigError
 from viasd.tasks.builtin_prompts import DISTILL_PROMPTS
 
 
@@ -139,6 +140,32 @@ def select_prompts(cfg: DraftBuildConfig, root: Path | None) -> tuple[list[Promp
         return out
 
     return interleave(train, cfg.n_texts), interleave(held, cfg.n_heldout), source_tag
+
+
+def selection_sha256(train: list[Prompt], held: list[Prompt]) -> str:
+    """SHA-256 of a prompt selection (:func:`select_prompts`): every prompt's source, row and text, in order."""
+    blob = json.dumps([[[p.source, p.ref, p.text] for p in part] for part in (train, held)], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+_SELECTIONS: dict[tuple, tuple[str, str, int, int]] = {}
+
+
+def selection_of(cfg: DraftBuildConfig, root: Path | None) -> tuple[str, str, int, int]:
+    """``(sha256, source tag, training prompts, held-out prompts)`` of what :func:`select_prompts` picks for
+    ``cfg`` from ``root`` (memoized per process: identities ask for it per cell); the tag is ``builtin`` when
+    every picked prompt is a built-in one (no data folder, or one without the recipe's files), else ``data``."""
+    key = (str(root), json.dumps(cfg.key(), sort_keys=True))
+    if key not in _SELECTIONS:
+        try:
+            train, held, _ = select_prompts(cfg, root)
+        except (KeyError, TypeError, ValueError) as e:  # a data file of another layout (json errors included)
+            raise ConfigError(f"the trained draft's prompts cannot be read from the data folder {root} "
+                              f"({type(e).__name__}: {e}); rewrite its task files with `python -m experiments.data "
+                              "fetch` or point VIASD_DATA_DIR at the recipe's folder") from None
+        tag = "builtin" if all(p.source == "builtin" for p in train + held) else "data"
+        _SELECTIONS[key] = (selection_sha256(train, held), tag, len(train), len(held))
+    return _SELECTIONS[key]
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, max_content_tokens: int) -> list[int]:

@@ -1,8 +1,40 @@
 """The draft side as an interface: who proposes the next block of tokens.
 
-A :class:`Drafter` proposes up to ``k`` tokens after the current sequence together with the
-distributions they were drawn from (one-hot for deterministic drafters), so every method can
-verify them with the same rules. Registered drafters:
+**The seam.** A :class:`Drafter` has one method, :meth:`Drafter.propose`, which returns a
+:class:`Proposal`: up to ``k`` tokens after the current sequence, the distributions they were drawn
+from (one-hot for deterministic drafters), and — where the drafter has them — its raw logits (the
+temperature-1 decisions of ``via_sd``'s gate and ``faster_cascades``' rules read them) and the tokens'
+host copies (a lookup knows its tokens without reading the device). Every method verifies a proposal
+with the same rules; nothing is left in side attributes for a method to pick up later.
+
+A drafter that reads the **verifier's hidden states** (EAGLE-style feature-level heads) sets
+``needs_hidden = True``. ``sd`` (:class:`~viasd.engine.world.LiveWorld`) then asks the target's
+:class:`~viasd.engine.stream.Stream` for its last decoder layer's hidden states
+(:meth:`~viasd.engine.stream.Stream.logits` with ``hidden=True``; before the final norm:
+:func:`~viasd.engine.paths.head` maps them to the target's logits) and hands each call of ``propose`` a
+:class:`Features`: the target's hidden states ``[1, m, H]`` at the sequence positions
+``start .. start + m − 1`` it verified since the previous call, each position handed over once — the
+whole initial sequence on the first call (one pre-fill forward of the target, whose cache the first
+round reuses), then the last committed position before each block and the block tokens the target
+accepted. Positions are absolute indices into the decoding sequence ``seq`` ``[1, L]``; after a round
+the target has not run on the last committed token (its correction or bonus), so ``start + m = L − 1``:
+a head fuses ``hidden[i]`` with the embedding of ``seq[i + 1]`` to predict what follows, EAGLE's input.
+The drafter keeps the features of earlier calls itself. ``via_sd`` and ``faster_cascades`` refuse such a
+drafter with one line for now (:func:`refuse_hidden`).
+
+Minimal example (a toy feature-level drafter, see ``tests/test_drafter_seam.py``)::
+
+    class HeadDrafter(Drafter):
+        needs_hidden = True
+
+        def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None, features=None):
+            h = features.hidden[:, -1:]                      # [1, 1, H] the last verified position
+            logits = self.head(h)[0]                         # [1, V]
+            p = probs_from_logits(logits, gen)
+            y = sample(p[0], rng, gen.greedy).view(1)
+            return Proposal(y[:k], p[:k], logits[:k])
+
+Registered drafters:
 
 * ``model`` — an independent small model (the pair's draft).
 * ``ngram`` — prompt lookup: copy the continuation of the latest earlier match of the last
@@ -13,16 +45,12 @@ verify them with the same rules. Registered drafters:
   drawn from (one-hot for a lookup block).
 * ``self`` — the target itself run with a routing plan (kept layers), as in Draft & Verify /
   SWIFT.
-* ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal); registered by
-  :mod:`viasd.methods.cascade_sd`.
+* ``cascade`` — a Cascade-SD cascade of the above (vertical + horizontal):
+  :mod:`viasd.engine.cascade`.
 
-How an EAGLE-style feature-level head plugs in: implement ``propose`` by running the head on
-the target's last hidden states (kept by a target :class:`~viasd.engine.stream.Stream` that
-returns hidden states) and return its tokens and distributions; nothing in the methods changes.
-
-Draft-length policies (:class:`LengthPolicy`): ``constant``; ``heuristic`` (+2 after a fully
-accepted block, −1 otherwise, as transformers does); ``confidence`` (stop drafting once the
-draft's top probability falls below ``min_confidence``).
+Draft-length policies (:class:`LengthPolicy`, built by :meth:`DrafterConfig.length_policy_for`):
+``constant``; ``heuristic`` (+2 after a fully accepted block, −1 otherwise, as transformers does);
+``confidence`` (stop drafting once the draft's top probability falls below ``min_confidence``).
 """
 
 from __future__ import annotations
@@ -55,27 +83,87 @@ class DrafterConfig:
     length_policy: str = "constant"  # constant | heuristic | confidence
     min_confidence: float = 0.4  # confidence policy threshold
     max_gamma: int = 16  # heuristic policy cap
+    path: str | None = None  # eagle: the head folder (viasd.engine.eagle_drafter)
 
     def __post_init__(self) -> None:
         if self.lookup_min is None:
             self.lookup_min = 2
+
+    def length_policy_for(self, gamma: int) -> LengthPolicy:
+        """This drafter's draft-length policy (``length_policy``, ``min_confidence``, ``max_gamma``)
+        starting at ``gamma`` tokens per round."""
+        return LengthPolicy(self.length_policy, gamma, self.min_confidence, self.max_gamma)
+
+
+@dataclass
+class Proposal:
+    """What a drafter proposes for one round.
+
+    ``tokens``: ``LongTensor[k]``; ``probs``: ``[k, V]`` the (processed: temperature / top-k / top-p)
+    distributions they were drawn from, one-hot for deterministic drafters; ``logits``: ``[k, V]``
+    the raw logits behind them (``None``: the drafter has none, e.g. a lookup — rules deciding on
+    the temperature-1 distribution then read ``probs``); ``host``: the tokens on the host when the
+    drafter knows them without a device read (``None``: known only on the device); ``levels``: per
+    token, the cascade level that drafted it (:mod:`viasd.engine.cascade`; ``None`` elsewhere). A replayed
+    proposal (:meth:`viasd.analysis.replay.Episode.propose`) holds its tokens as a host list and no ``probs``.
+
+    Unpacks as the pair ``(tokens, probs)``.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    logits: torch.Tensor | None = None
+    host: list[int] | None = None
+    levels: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __iter__(self):
+        return iter((self.tokens, self.probs))
+
+    @staticmethod
+    def empty(seq: torch.Tensor, vocab: int, logits: bool = True) -> Proposal:
+        """No tokens (``k = 0``) on ``seq``'s device; with ``logits``: an empty ``[0, V]`` logits tensor too."""
+        none = torch.zeros(0, vocab, device=seq.device)
+        return Proposal(seq.new_zeros(0), none, none if logits else None, [])
+
+
+@dataclass
+class Features:
+    """The verifier's hidden states handed to a drafter that declares ``needs_hidden``.
+
+    ``hidden``: ``[1, m, H]`` the target's last decoder layer's hidden states (before the final norm) at the decoding
+    sequence's positions ``start .. start + m − 1``, those it verified since the drafter's previous
+    proposal (``m`` may be 0 when the target has not run since).
+    """
+
+    hidden: torch.Tensor
+    start: int
+
+    @property
+    def end(self) -> int:
+        """One past the last position covered."""
+        return self.start + int(self.hidden.shape[1])
+
+    def after(self, states: torch.Tensor, start: int) -> Features:
+        """The next features: ``states`` ``[1, m, H]`` at positions ``start..`` without those this one
+        already covered (a verifier's forward may repeat its last position)."""
+        skip = min(max(0, self.end - start), int(states.shape[1]))
+        return Features(states[:, skip:], start + skip)
 
 
 class Drafter:
     """Base drafter. Subclasses implement :meth:`propose`."""
 
     name = "base"
-    #: ``[k', V]`` raw logits behind the last proposal (neural drafters; ``None`` otherwise), for
-    #: rules that decide on the temperature-1 distribution (e.g. ``faster_cascades``).
-    last_logits: torch.Tensor | None = None
-    #: the last proposal's tokens on the host when the drafter knows them without a host sync
-    #: (lookups, vertical cascades); ``None`` when they are known only on the device.
-    last_host: list[int] | None = None
+    #: whether :meth:`propose` reads the verifier's hidden states (its ``features`` argument; see the module docstring)
+    needs_hidden: bool = False
 
     def propose(
         self, seq: torch.Tensor, k: int, gen: GenerationConfig, rng: torch.Generator | None, min_confidence: float = 0.0,
-        host: list[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        host: list[int] | None = None, features: Features | None = None,
+    ) -> Proposal:
         """Propose up to ``k`` tokens after ``seq``.
 
         Args:
@@ -86,9 +174,11 @@ class Drafter:
             min_confidence: stop early once the top probability (temperature 1) is below it.
             host: ``seq``'s tokens on the host (``Output.ids``) when the caller has them: streams
                 and lookups then read no token off the device.
+            features: the verifier's hidden states since the previous call (only for a drafter
+                with ``needs_hidden``; ``None`` otherwise).
 
         Returns:
-            ``(tokens, probs)``: ``LongTensor[k']`` and ``[k', V]`` with ``k' ≤ k``.
+            a :class:`Proposal` of ``k' ≤ k`` tokens.
         """
         raise NotImplementedError
 
@@ -106,7 +196,7 @@ class ModelDrafter(Drafter):
         self.stream = Stream(model, prompt_ids, label)
         self.vocab = vocab_size_of(model)
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None, features=None):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -122,10 +212,8 @@ class ModelDrafter(Drafter):
             probs.append(p)
             raw.append(logits)
         if not tokens:
-            self.last_logits = torch.zeros(0, self.vocab, device=seq.device)
-            return seq.new_zeros(0), torch.zeros(0, self.vocab, device=seq.device)
-        self.last_logits = torch.stack(raw)
-        return torch.stack(tokens), torch.stack(probs)
+            return Proposal.empty(seq, self.vocab)
+        return Proposal(torch.stack(tokens), torch.stack(probs), torch.stack(raw))
 
     def stats(self):
         return {self.stream.name: self.stream.stats}
@@ -170,13 +258,13 @@ class NgramDrafter(Drafter):
                         return s[i + n:i + n + k]
         return []
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None, features=None):
         if host is not None and len(host) == seq.shape[1]:
-            self.last_host = self.lookup_ids(self.context_ids + list(host), k)
-            found = torch.tensor(self.last_host, dtype=torch.long, device=seq.device)
+            ids = self.lookup_ids(self.context_ids + list(host), k)
+            found = torch.tensor(ids, dtype=torch.long, device=seq.device)
         else:
-            found, self.last_host = self.lookup(seq, k), None
-        return found, torch.nn.functional.one_hot(found, self.vocab).float()
+            found, ids = self.lookup(seq, k), None
+        return Proposal(found, torch.nn.functional.one_hot(found, self.vocab).float(), None, ids)
 
 
 class HybridDrafter(Drafter):
@@ -194,14 +282,9 @@ class HybridDrafter(Drafter):
     def __init__(self, lookup: NgramDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
 
-    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None):
-        found, probs = self.lookup.propose(seq, k, gen, rng, host=host)
-        if found.numel():
-            self.last_logits, self.last_host = None, self.lookup.last_host
-            return found, probs
-        tokens, probs = self.model.propose(seq, k, gen, rng, min_confidence, host)
-        self.last_logits, self.last_host = self.model.last_logits, None
-        return tokens, probs
+    def propose(self, seq, k, gen, rng, min_confidence=0.0, host=None, features=None):
+        found = self.lookup.propose(seq, k, gen, rng, host=host)
+        return found if len(found) else self.model.propose(seq, k, gen, rng, min_confidence, host)
 
     def stats(self):
         return self.model.stats()
@@ -229,6 +312,8 @@ def hybrid_drafter(pair, prompt_ids, cfg: DrafterConfig) -> Drafter:
 DRAFTERS.register("model")(model_drafter)
 DRAFTERS.register("ngram")(ngram_drafter)
 DRAFTERS.register("hybrid")(hybrid_drafter)
+DRAFTERS.register_lazy("cascade", "viasd.engine.cascade:cascade_drafter")
+DRAFTERS.register_lazy("eagle", "viasd.engine.eagle_drafter:eagle_drafter")
 
 
 @DRAFTERS.register("self")
@@ -246,6 +331,13 @@ def self_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> ModelDra
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
     """Build the configured drafter for one prompt."""
     return DRAFTERS.get(cfg.name)(pair, prompt_ids, cfg)
+
+
+def refuse_hidden(drafter: Drafter, method: str) -> None:
+    """One error line when ``method`` does not yet hand a ``needs_hidden`` drafter the verifier's features."""
+    if drafter.needs_hidden:
+        raise ConfigError(f"method={method} does not feed the target's hidden states to a drafter yet; "
+                          f"drafter {drafter.name!r} reads them: use method=sd (or cascade_sd)")
 
 
 class LengthPolicy:

@@ -276,12 +276,15 @@ class Stream:
         return match_length(self.tokens, self.host, seq, host)
 
     def _forward(self, seq: torch.Tensor, keep: int, last: int,
-                 host: list[int] | None = None) -> tuple[torch.Tensor, float]:
-        """Logits ``[1, last, V]`` after feeding ``seq[:, keep:]``, and the layer-tokens it ran."""
+                 host: list[int] | None = None, hidden: bool = False) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+        """Logits ``[1, last, V]`` after feeding ``seq[:, keep:]``, the layer-tokens it ran and (``hidden``)
+        the last decoder layer's hidden states ``[1, last, H]`` of the same rows (before the final norm)."""
         new = seq[:, keep:]
         n = new.shape[1]
+        if hidden:
+            return self._hidden_forward(new, last, n)
         if self.compiled is not None:
-            return self._compiled_forward(seq, new, last), float(n * layer_count(self.model))
+            return self._compiled_forward(seq, new, last), float(n * layer_count(self.model)), None
         if self.prefix is not None:
             units = [u for u in (self.plan.units() if self.plan is not None else all_units(layer_count(self.model)))
                      if unit_index(u) >= self.prefix.boundary]
@@ -289,16 +292,32 @@ class Stream:
             if units:
                 path = make_path(self.model, hidden, self.cache, keep, units, self.encoder_outputs)
                 hidden = run_units(path, units, hidden)
-            return head(self.model, hidden, last), (ran * len(self.prefix.units) + n * len(units)) / 2
+            return head(self.model, hidden, last), (ran * len(self.prefix.units) + n * len(units)) / 2, None
         if self.plan is not None:
             logits = routed_forward(self.model, new, self.cache, self.plan, last, self.encoder_outputs, past=keep)
-            return logits, n * self.plan.sublayers() / 2
+            return logits, n * self.plan.sublayers() / 2, None
         if self.is_encoder_decoder:
             out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=new, cache=self.cache,
                              use_cache=True)
-            return out.logits[:, -last:], float(n * layer_count(self.model))
+            return out.logits[:, -last:], float(n * layer_count(self.model)), None
         out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last)
-        return out.logits, float(n * layer_count(self.model))
+        return out.logits, float(n * layer_count(self.model)), None
+
+    def _hidden_forward(self, new: torch.Tensor, last: int, n: int) -> tuple[torch.Tensor, float, torch.Tensor]:
+        """The model's own forward over ``new`` ``[1, n]`` returning its logits and last decoder layer's hidden
+        states (``[1, last, ·]`` each): what a drafter that reads the verifier's features is given."""
+        if self.compiled is not None or self.plan is not None or self.prefix is not None:
+            raise ConfigError(f"a drafter that reads the target's hidden states needs the {self.name} stream's own "
+                              "forward: set +pair.compile=false and use a verifier without a routing plan")
+        if self.is_encoder_decoder:
+            out = self.model(encoder_outputs=self.encoder_outputs, decoder_input_ids=new, cache=self.cache,
+                             use_cache=True, output_hidden_states=True)
+            states = out.decoder_hidden_states[-1]
+        else:
+            out = self.model(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last,
+                             output_hidden_states=True)
+            states = out.hidden_states[-1]
+        return out.logits[:, -last:], float(n * layer_count(self.model)), states[:, -last:]
 
     def _compiled_forward(self, seq: torch.Tensor, new: torch.Tensor, last: int) -> torch.Tensor:
         """Logits ``[1, last, V]`` of the compiled forward over ``new`` (the static cache holds the rest)."""
@@ -313,8 +332,9 @@ class Stream:
         return forward(input_ids=new, cache=self.cache, use_cache=True, logits_to_keep=last).logits
 
     @torch.inference_mode()
-    def logits(self, seq: torch.Tensor, last: int = 1, host: list[int] | None = None) -> torch.Tensor:
-        """Logits at the last ``last`` positions of ``seq``.
+    def logits(self, seq: torch.Tensor, last: int = 1, host: list[int] | None = None,
+               hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits at the last ``last`` positions of ``seq`` (and, with ``hidden``, the hidden states there).
 
         Rolls the cache back to the valid prefix of ``seq`` (leaving at least ``last`` tokens
         to feed), runs one forward over the uncached suffix and caches it.
@@ -324,11 +344,18 @@ class Stream:
             last: how many trailing positions to return (``1 ≤ last ≤ L``).
             host: the values of a prefix of ``seq`` the caller knows on the host (the committed
                 tokens): the valid prefix is then found without a host sync.
+            hidden: also return the model's last decoder layer's hidden states at those positions
+                (before the final norm: :func:`~viasd.engine.paths.head` turns them into these logits):
+                what a drafter with ``needs_hidden`` reads
+                (:class:`~viasd.engine.drafters.Features`). Needs the model's own forward (no routing
+                plan, shared prefix or compiled forward: one error line otherwise).
 
         Returns:
-            ``[1, last, V]`` float32 logits; row ``j`` predicts ``seq[L − last + j + 1]``.
+            ``[1, last, V]`` float32 logits; row ``j`` predicts ``seq[L − last + j + 1]``. With
+            ``hidden``: ``(logits, states)``, ``states`` ``[1, last, H]`` at the same positions
+            (row ``j`` is position ``L − last + j``).
         """
-        return self._run(seq, min(self.valid_prefix(seq, host), seq.shape[1] - last), last, host)
+        return self._run(seq, min(self.valid_prefix(seq, host), seq.shape[1] - last), last, host, hidden)
 
     @torch.inference_mode()
     def feed(self, new: torch.Tensor, last: int = 1, host: list[int] | None = None) -> torch.Tensor:
@@ -337,11 +364,12 @@ class Stream:
         own samples). ``host``: as in :meth:`logits`."""
         return self._run(torch.cat([self.tokens, new], 1), self.length, last, host)
 
-    def _run(self, seq: torch.Tensor, keep: int, last: int, host: list[int] | None) -> torch.Tensor:
-        """Roll back to ``keep``, feed ``seq[:, keep:]`` and return the last ``last`` logits rows."""
+    def _run(self, seq: torch.Tensor, keep: int, last: int, host: list[int] | None, hidden: bool = False):
+        """Roll back to ``keep``, feed ``seq[:, keep:]`` and return the last ``last`` logits rows
+        (and hidden states rows, with ``hidden``)."""
         self.rollback(keep)
         t0 = self.clock.start()
-        logits, layer_tokens = self._forward(seq, keep, last, host)
+        logits, layer_tokens, states = self._forward(seq, keep, last, host, hidden)
         logits = logits.float()
         self.clock.stop(t0)
         self._stats.calls += 1
@@ -351,4 +379,4 @@ class Stream:
         self.tokens = seq
         if self.prefix is not None:
             self.prefix.trim()
-        return logits
+        return (logits, states) if hidden else logits

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import os
+import sys
 import time
-import traceback
 from typing import Any
 
 import torch
@@ -36,7 +37,8 @@ _HOST_READ: contextvars.ContextVar[bool] = contextvars.ContextVar("viasd_host_re
 class HostSyncs(TorchFunctionMode):
     """Counts host syncs while active (``with HostSyncs() as s: …; s.count``).
 
-    ``sites``: ``"function file:line"`` → count, the innermost ``viasd`` frame of each read.
+    ``sites``: ``"function file:line"`` → count, the innermost frame of a ``viasd`` module (other
+    than this one) that made each read; just ``"function"`` for a read made outside the package.
     """
 
     def __init__(self) -> None:
@@ -48,11 +50,21 @@ class HostSyncs(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in SYNC_FUNCTIONS and not _HOST_READ.get() and _on_device(args):
             self.count += 1
-            frames = [f for f in traceback.extract_stack()[:-1]
-                      if "/viasd/" in f.filename and not f.filename.endswith("syncs.py")]
-            where = f" {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
-            self.sites[name + where] += 1
+            self.sites[name + _viasd_caller(sys._getframe(1))] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _viasd_caller(frame) -> str:
+    """``" file.py:line"`` of the innermost frame of a ``viasd`` module other than this one, from
+    ``frame`` outwards ("" when none: a read made by a test or a user's script). Frames are told by
+    their module's name, never by the path of their file: a checkout in a folder named ``viasd``
+    holds pytest's and torch's files too."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__")
+        if type(module) is str and module.split(".", 1)[0] == "viasd" and module != __name__:
+            return f" {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
 
 
 def _on_device(args) -> bool:

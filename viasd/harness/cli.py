@@ -14,8 +14,11 @@ call (``error: …`` on stderr, exit status 2).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
@@ -30,9 +33,20 @@ from viasd.registry import unknown_name
 
 CONF_DIR = PROJECT_ROOT / "conf"
 
-__all__ = ["CONF_DIR", "hydra_error_line", "group_options", "check_command_line", "check_argv"]
+__all__ = ["CONF_DIR", "hydra_error_line", "group_options", "check_command_line", "check_argv", "python_command"]
 
 _NOISE = ("object_type=", "reference_type=", "Set the environment variable HYDRA_FULL_ERROR", "Config search path", "provider=")
+
+
+def python_command() -> str:
+    """How to invoke this interpreter in a hint the user copies: ``python`` when that is what ``python``
+    on ``PATH`` runs (an activated venv), else this interpreter's path (``.venv/bin/python`` relative to
+    the current folder when under it), so ``<it> -m experiments.…`` works outside the venv too."""
+    exe = Path(sys.executable)
+    on_path = shutil.which("python")
+    if on_path and Path(on_path).absolute() == exe.absolute():
+        return "python"
+    return str(exe.relative_to(Path.cwd())) if exe.is_relative_to(Path.cwd()) else os.fspath(exe)
 
 
 def _option_error(missing: str, options: list[str]) -> ConfigError:

@@ -43,6 +43,7 @@ IDENTITY_UNSET: dict[str, Any] = {
     "generation.stop_strings": [],
     "generation.eos_token_ids": None,
     "method.drafter.lookup_min": None,
+    "method.drafter.path": None,  # drafter=eagle's head folder (issue 65): no other drafter reads one
     "exp": None,  # RunConfig's node for +exp=NAME; a single run has none
     "task.truncate": None,  # over-long prompts are refused (viasd.tasks.length)
     "dry_run_strict": False,  # conf/config.yaml: only a dry run reads it (issue 43)

@@ -19,7 +19,10 @@ no local config), a gated model without a Hugging Face token while the hub is re
 calibration with fewer texts than asked for. A cell whose pair cannot fit the visible GPUs does
 not stop the plan: it is marked ``DOES NOT FIT`` with the memory it needs, the other cells are
 planned, and a summary per pair (cells that fit / do not fit, and the SLURM job size that holds its
-largest cell: :func:`job_resources`) closes the plan; with
+largest cell) closes the plan — sized by :mod:`viasd.harness.slurm_size` exactly as
+``hydra/launcher=viasd_slurm`` submits (``hydra.launcher.gpu_gib``, ``hydra.launcher.node_gpus``),
+whatever GPUs are visible here; a cell no node holds is marked ``NO NODE HOLDS IT``. A decode the
+runner would refuse once its pair is loaded (:func:`viasd.harness.prereq.decode_refusal`) is ``REFUSED``; with
 ``dry_run_strict=true`` a cell that does not fit then fails the dry run (one line, exit 2). It ends
 with what the grid would stop on before its first cell (:func:`viasd.harness.prereq.not_ready`).
 """
@@ -27,7 +30,7 @@ with what the grid would stop on before its first cell (:func:`viasd.harness.pre
 from __future__ import annotations
 
 import json
-import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,12 +52,20 @@ from viasd.harness.model_sizes import (  # noqa: F401  (KNOWN_PARAMS, GATED re-e
     model_params,
     visible_gpus_gib,
 )
-from viasd.harness.prereq import cell_mask_source, not_ready, task_preflights
+from viasd.harness.prereq import cell_mask_source, decode_refusal, not_ready, task_preflights
+from viasd.harness.slurm_size import (  # noqa: F401  (re-exported: the launcher and tests size jobs here)
+    NODE_GPUS,
+    SLURM_GPU_GIB,
+    job_resources,
+    node_problem,
+    pair_summary,
+    slurm_node,
+)
 from viasd.models.gguf_index import converted_dir, index_model
 from viasd.tasks.loading import is_commit
 
-__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "job_resources", "cell_job", "pair_summary", "dry_run", "dry_run_main",
-           "visible_gpus_gib"]
+__all__ = ["KNOWN_PARAMS", "GATED", "CellPlan", "plan_cell", "job_resources", "node_problem", "slurm_node", "cell_job",
+           "pair_summary", "dry_run", "dry_run_main", "visible_gpus_gib"]
 
 OVERHEAD = 1.2  # weights x 1.2: KV cache and activations of one sequence at paper lengths
 
@@ -74,6 +85,8 @@ class CellPlan:
     mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
     memory_basis: str = f"weights x {OVERHEAD}"
     misfit: str | None = None  # why the cell cannot fit the visible GPUs (memory needed vs had); None: it fits
+    refused: str | None = None  # why the runner would refuse the decode (decode_refusal); None: it would not
+    oversize: str | None = None  # why no SLURM node holds the cell's job (slurm_node); None: one does
 
 
 def _shares_draft(pair: dict[str, Any]) -> bool:
@@ -247,6 +260,7 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
     with open_dict(as_run):
         as_run.dry_run = False  # the value the cell's run will have in its identity
     plan.finished = store.is_finished(run_id_for(identity(as_run, entry)))
+    plan.refused = decode_refusal(cfg)
     _check_access(plan)
     _check_memory(plan, pair)
     return plan
@@ -285,10 +299,12 @@ def _check_memory(plan: CellPlan, pair: dict[str, Any]) -> None:
         )
 
 
-def _print_plan(i: int, total: int, plan: CellPlan) -> None:
+def _print_plan(i: int, total: int, plan: CellPlan, said: dict[str, int] | None = None) -> None:
+    """Print one cell's plan; ``said``: each note's count over the grid, a note printed once (then dropped)."""
     done = "  [finished: would be skipped]" if plan.finished else ""
     misfit = f"  [DOES NOT FIT: needs ~{plan.need_gib:.1f} GiB]" if plan.misfit else ""
-    print(f"({i}/{total}) {plan.entry} {plan.label}{done}{misfit}")
+    marks = ("  [REFUSED]" if plan.refused else "") + ("  [NO NODE HOLDS IT]" if plan.oversize else "")
+    print(f"({i}/{total}) {plan.entry} {plan.label}{done}{misfit}{marks}")
     for m in plan.models:
         gated = "  gated" if m["gated"] else ""
         print(f"    {m['role']:<12} {m['id']}@{m['revision']}  {m['dtype']}  {m['device']}  "
@@ -299,54 +315,47 @@ def _print_plan(i: int, total: int, plan: CellPlan) -> None:
     if plan.mask:
         print(f"    slim mask    {plan.mask}")
     for note in plan.notes:
-        print(f"    note         {note}")
+        if said is None or said.get(note, 1) == 1:
+            print(f"    note         {note}")
+        elif said[note] > 1:  # the same note for many cells (a gated model of the pair): said once, counted
+            print(f"    note         {note} (the same for {said.pop(note)} cells of this grid; said once)")
+            said[note] = 0
     if plan.misfit:
         print(f"    does not fit {plan.misfit}")
+    if plan.refused:
+        print(f"    refused      {plan.refused}")
+    if plan.oversize:
+        print(f"    no node      {plan.oversize}")
 
 
-SLURM_GPU_GIB = 80.0  # the GPU a SLURM job is sized for when none is visible here (VIASD_DRYRUN_GPUS sets it)
-
-
-def job_resources(need_gib: float, gpu_gib: float = SLURM_GPU_GIB) -> dict[str, int]:
-    """The SLURM resources of a cell that needs ``need_gib`` GiB of GPU memory on GPUs of ``gpu_gib``:
-    ``gpus_per_node`` (enough GPUs to hold it, at least 1) and ``mem_gb`` (host memory to stage the
-    weights: the cell's size, at least 16 GB) — the ``hydra.launcher.*`` keys of ``viasd_slurm``."""
-    if gpu_gib <= 0:
-        raise ConfigError(f"GPU memory must be positive, got {gpu_gib} GiB; set VIASD_DRYRUN_GPUS=80 (GiB per GPU)")
-    return {"gpus_per_node": max(1, math.ceil(need_gib / gpu_gib)), "mem_gb": max(16, math.ceil(need_gib))}
-
-
-def cell_job(cfg: DictConfig, gpu_gib: float = SLURM_GPU_GIB, base_timeout_min: int = 240) -> dict[str, int]:
+def cell_job(cfg: DictConfig, gpu_gib: float = SLURM_GPU_GIB, base_timeout_min: int = 240,
+             node_gpus: int = NODE_GPUS) -> dict[str, int]:
     """The SLURM job of one composed cell, sized from its pair: :func:`job_resources` of the memory
     :func:`plan_cell` plans for it, and ``timeout_min``: ``base_timeout_min`` per GPU the cell spans
     (a target split over ``g`` GPUs reads ``g`` GPUs' worth of weights per token). The
-    ``hydra.launcher.*`` keys ``hydra/launcher=viasd_slurm`` submits the cell with."""
-    res = job_resources(plan_cell(cfg).need_gib, gpu_gib)
+    ``hydra.launcher.*`` keys ``hydra/launcher=viasd_slurm`` submits the cell with. A cell that no
+    node of ``node_gpus`` GPUs holds is one ConfigError line (:func:`node_problem`). ``cfg`` may
+    hold a ``hydra`` node (a launcher's sweep config): it is not part of the cell's run."""
+    if "hydra" in cfg:  # its sweep subdir is ${hydra.job.num}, unset until a job runs: not the run's
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            del cfg["hydra"]
+    plan = plan_cell(cfg)
+    problem = node_problem(plan.need_gib, gpu_gib, node_gpus)
+    if problem:
+        raise ConfigError(f"{plan.label}: {problem}")
+    res = job_resources(plan.need_gib, gpu_gib)
     return {**res, "timeout_min": int(base_timeout_min) * res["gpus_per_node"]}
 
 
-def pair_summary(plans: list[CellPlan], gpu_gib: float = SLURM_GPU_GIB) -> list[str]:
-    """One line per pair (in plan order): how many of its cells fit and how many do not, the
-    largest memory a cell of it needs, and the SLURM job that holds it (:func:`job_resources`)."""
-    by_pair: dict[str, list[CellPlan]] = {}
-    for p in plans:
-        by_pair.setdefault(p.label.split("/", 1)[0], []).append(p)
-    lines = []
-    for name, ps in by_pair.items():
-        bad = [p for p in ps if p.misfit]
-        peak = max(p.need_gib for p in ps)
-        verdict = f"DOES NOT FIT ({len(bad)}/{len(ps)} cells)" if bad else f"fits ({len(ps)} cells)"
-        res = " ".join(f"hydra.launcher.{k}={v}" for k, v in job_resources(peak, gpu_gib).items())
-        lines.append(f"{name}: {verdict}; largest cell ~{peak:.1f} GiB; SLURM on {gpu_gib:.0f} GiB GPUs: {res}")
-    return lines
-
-
-def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False) -> list[CellPlan]:
+def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False, launcher: Any = None) -> list[CellPlan]:
     """Plan and print every cell, then a summary per pair and a total line (and what the grid would
     stop on before its first cell); raises ConfigError (one line) on an inconsistency, and, when
-    ``strict``, after the summary if any cell does not fit the visible GPUs."""
+    ``strict``, after the summary if any cell does not fit the visible GPUs. ``launcher``: the
+    composed ``hydra.launcher`` node the SLURM sizes are read from (:func:`slurm_node`)."""
     plans: list[CellPlan] = []
     gpus = visible_gpus_gib()
+    gpu_gib, node_gpus = slurm_node(launcher)
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
           + (", ".join(f"{g:.0f} GiB" for g in gpus) if gpus else "none"))
     preflights = task_preflights(cells)
@@ -359,16 +368,23 @@ def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False) ->
         except ConfigError as e:
             where = f"{cfg.pair.name}/{OmegaConf.select(cfg, 'method.name')}/{OmegaConf.select(cfg, 'task.name')}"
             raise ConfigError(f"cell {i}/{len(cells)} ({where}): {e}") from None
+        plan.oversize = node_problem(plan.need_gib, gpu_gib, node_gpus)  # what the SLURM launcher refuses
         plans.append(plan)
-        _print_plan(i, len(cells), plan)
+    said = Counter(n for p in plans for n in p.notes)
+    for i, plan in enumerate(plans, 1):
+        _print_plan(i, len(cells), plan, said)
     todo = sum(not p.finished for p in plans)
     peak = max((p.need_gib for p in plans), default=0.0)
-    for line in pair_summary(plans, max(gpus, default=SLURM_GPU_GIB)):
+    for line in pair_summary(plans, gpu_gib, node_gpus):
         print(f"[viasd] pair {line}")
     misfits = [p for p in plans if p.misfit]
+    marked = [f"{n} {what}" for n, what in ((sum(bool(p.refused) for p in plans), "would be refused"),
+                                             (sum(bool(p.oversize) for p in plans), "need more than a SLURM node"))
+              if n]
     print(f"[viasd] dry run of {name}: {len(plans)} runs ({todo} to run, {len(plans) - todo} finished; "
-          f"{len(plans) - len(misfits)} fit, {len(misfits)} do not fit the visible GPUs); "
-          f"largest cell ~{peak:.1f} GiB; nothing was downloaded")
+          + (f"{len(plans) - len(misfits)} fit, {len(misfits)} do not fit the visible GPUs" if gpus else
+             "memory not checked: no GPU visible here")
+          + "".join(f"; {m}" for m in marked) + f"); largest cell ~{peak:.1f} GiB; nothing was downloaded")
     why = not_ready(cells, preflights)
     if why:
         print(f"[viasd] before this grid can start: {why}")

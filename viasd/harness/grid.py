@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from viasd.errors import ConfigError
-from viasd.harness.cli import CONF_DIR, hydra_error_line
+from viasd.harness.cli import CONF_DIR, hydra_error_line, python_command
 from viasd.harness.dimr_runs import run_kl, run_search
 from viasd.harness.dryrun import dry_run
 from viasd.harness.interleave import expand, run_interleaved
@@ -49,6 +49,7 @@ from viasd.harness.prereq import check_ready
 from viasd.harness.runner import defer_locked_runs, identity, run, run_deferred
 from viasd.methods.api import method_config
 from viasd.tasks import build_task
+from viasd.tasks.families import HUB
 from viasd.tracking.store import RunStore, run_id_for
 
 __all__ = ["CONF_DIR", "exp_names", "exp_file", "sweep_overrides", "exp_jobs", "exp_cells", "compose_cells", "run_cell",
@@ -117,16 +118,31 @@ def check_prerequisites(cells: list[DictConfig]) -> None:
     """Raise the first ConfigError any cell would hit before decoding: its method config (type
     and range checks), its slim verifier's DIMR mask and its task's preflight (sandbox)
     (:func:`~viasd.harness.prereq.check_ready`), and its task's data (each distinct task config
-    is loaded once)."""
+    is loaded once; every task whose data cannot be read is named in one line with the one command
+    that fetches them all)."""
     check_ready(cells)
     seen: set[str] = set()
+    no_data: dict[str, ConfigError] = {}
     for cfg in cells:
         if OmegaConf.select(cfg, "exp.entry", default="run") == "run":
             method_config(cfg.method.name, cfg.method)
         key = OmegaConf.to_yaml(cfg.task)
         if key not in seen:
             seen.add(key)
-            build_task(cfg.task).examples()
+            try:
+                build_task(cfg.task).examples()
+            except ConfigError as e:
+                if str(cfg.task.name) not in HUB or not cfg.task.get("offline_file"):
+                    raise
+                no_data.setdefault(str(cfg.task.name), e)
+    if len(no_data) == 1:
+        raise next(iter(no_data.values()))
+    if no_data:
+        names = " ".join(no_data)
+        raise ConfigError(f"{len(no_data)} tasks of this grid have no data here ({', '.join(no_data)}: no offline file "
+                          f"under VIASD_DATA_DIR and the hub not reachable); fetch them all at once where the hub is "
+                          f"reachable with `python -m experiments.data fetch {names}` (writes into VIASD_DATA_DIR; copy "
+                          f"the folder here), or point VIASD_DATA_DIR at a folder that has them")
 
 
 def cell_label(cfg: DictConfig) -> str:
@@ -190,7 +206,8 @@ class GridCallback(Callback):
         try:
             self.cells = exp_cells(overrides)
             if config.get("dry_run"):
-                dry_run([cfg for _, cfg in self.cells], self.name, bool(config.get("dry_run_strict")))
+                dry_run([cfg for _, cfg in self.cells], self.name, bool(config.get("dry_run_strict")),
+                        launcher=OmegaConf.select(config, "hydra.launcher", default=None) or {})
                 sys.exit(0)
             check_prerequisites([cfg for _, cfg in self.cells])
         except ConfigError as e:
@@ -240,4 +257,4 @@ class GridCallback(Callback):
                   f"{', '.join(names[i] for i in failed if i < len(names))}{logs}", file=sys.stderr)
             sys.exit(1)
         print(f"[viasd] exp {self.name}: all {self.total} runs finished; "
-              "build reports with `python -m experiments.report`")
+              f"build reports with `{python_command()} -m experiments.report` (or `make report`)")

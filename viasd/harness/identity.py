@@ -16,11 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from viasd.dimr.calibration import calibration_inputs
 from viasd.dimr.masks import find_mask, resolve_plan
+from viasd.distill.pair import DRAFT_PROMPTS, draft_prompts_identity
 from viasd.harness.config import drop_unset, unpin_local_hub
 from viasd.models.pairs import MASK_OPTIONS, store_name
 from viasd.paths import data_dir
 from viasd.tasks.loading import resolve_source
-from viasd.tracking.store import file_sha256
+from viasd.tracking.store import file_sha256, run_id_for
 
 _PAIRS: dict[str, Any] = {}
 
@@ -53,7 +54,7 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     The task's prompt file (``task.path``) or offline data file (``task.offline_file``, relative
     to the data folder), and the DIMR mask artifact a ``method.slim.mask`` of ``auto`` (published or
     cached: :func:`~viasd.dimr.masks.find_mask`) or a ``.json`` path resolves to, and a learned gate
-    file (``method.gate_path``). Missing files are
+    file (``method.gate_path``), and an EAGLE head's weights (``method.drafter.path``). Missing files are
     left out (the task/mask loader reports them).
     """
     files: dict[str, Path] = {}
@@ -79,6 +80,11 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
     method = cfg.get("method")
     if isinstance(method, DictConfig) and method.get("gate_path"):  # a learned VIA-SD gate (method.gate=learned)
         files["method.gate_path"] = Path(str(method.gate_path)).expanduser().resolve()
+    head = OmegaConf.select(cfg, "method.drafter.path", default=None)
+    if head:  # drafter=eagle: the head's weights (viasd.engine.eagle; safetensors, else the .bin)
+        folder = Path(str(head)).expanduser().resolve()
+        files["method.drafter.path"] = next((folder / n for n in ("model.safetensors", "pytorch_model.bin")
+                                             if (folder / n).is_file()), folder / "model.safetensors")
     return {k: p for k, p in files.items() if p.is_file()}
 
 
@@ -121,6 +127,8 @@ def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:
     if isinstance(options, dict):  # shipped masks are inputs of the methods that read them, not the pair's
         for key in MASK_OPTIONS:
             options.pop(key, None)
+        if resolved["pair"].get("loader") == "smollm2":  # a trained draft distilled on other prompts names them
+            options.update(draft_prompts_identity(options))
     task = cfg.get("task")
     if task is not None and task.get("hub") and \
             resolve_source(task.get("source", "auto"), task.get("offline_file"), task.hub, str(task.name)) == "local":
@@ -160,3 +168,36 @@ def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | 
     sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
     return {"layers": layers, "source": desc,
             "sha256": sha or layers_sha256(layers)}
+
+
+def identity_as_recorded(cfg: DictConfig, ident: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any] | None:
+    """The identity a run of ``cfg`` had where the offline data folder was present: its task's file with the
+    hash ``recorded`` (a stored run's ``config.yaml``) holds, and a SmolLM2 trained draft distilled on the
+    recipe's prompts (no ``pair.options.draft_prompts``) when ``recorded`` names none; None when nothing
+    differs. Run ids never change: a report on a machine without the data folder (the task would come from
+    the hub, the draft from the built-in prompts) finds the committed runs by recomputing their id from this."""
+    task = cfg.get("task")
+    out = json.loads(json.dumps(ident))
+    sha = (recorded.get("inputs") or {}).get("task.offline_file")
+    if task is not None and sha and task.get("offline_file") and "task.offline_file" not in (ident.get("inputs") or {}) \
+            and str(task.get("source", "auto")) != "hub":
+        out.setdefault("inputs", {})["task.offline_file"] = sha
+        out = unpin_local_hub(out) if task.get("hub") else out
+    mine, theirs = ((d.get("pair") or {}).get("options") or {} for d in (out, recorded))
+    if DRAFT_PROMPTS in mine and DRAFT_PROMPTS not in theirs:  # its draft: the recipe's, distilled on the data folder
+        mine.pop(DRAFT_PROMPTS)
+    return None if out == ident else out
+
+
+def find_as_recorded(stores: Any, cfg: DictConfig, ident: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(found run, its identity)``: the finished run of ``stores`` (:class:`~viasd.tracking.store.RunStores`)
+    a cell of ``cfg`` names once its offline data file's recorded hash stands in for the absent file
+    (:func:`identity_as_recorded`), else None."""
+    prefix = run_id_for(ident).rsplit("__", 1)[0] + "__"
+    for s in getattr(stores, "stores", [stores]):
+        for folder in sorted(Path(s.root).glob(prefix + "*")) if Path(s.root).is_dir() else []:
+            found = s.find(folder.name)
+            alt = identity_as_recorded(cfg, ident, found["config"]) if found and isinstance(found["config"], dict) else None
+            if alt is not None and run_id_for(alt) == folder.name:
+                return found, alt
+    return None

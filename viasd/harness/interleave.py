@@ -170,6 +170,16 @@ def _decode_interleaved(todo: list[Cell], group: list[str]) -> None:
         raise
 
 
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, ``…`` marking the cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    at_word_end = cut[-1:].isspace() or text[limit - 1].isspace()
+    head = cut if at_word_end or len(cut.split(None, 1)) < 2 else cut.rsplit(None, 1)[0]
+    return head.rstrip() + " …"
+
+
 def print_group(cells: list[tuple[str, Cell]], summaries: dict[str, dict], store: RunStore, job: list[str]) -> None:
     """Each cell's speedup over the group's ``ar`` cell with its n, whether its outputs are ``ar``'s
     token for token, and one prompt with its output (the first non-``ar`` cell's)."""
@@ -192,5 +202,5 @@ def print_group(cells: list[tuple[str, Cell]], summaries: dict[str, dict], store
     first = next(iter(store.examples(shown.run_id)), None)
     if first is not None:  # the user message, not the chat-templated text the model read
         prompt = next((ex.prompt for ex in shown.task.examples() if ex.id == first["id"]), first["prompt"])
-        print(f"\n  prompt 1: {prompt[:300]!r}\n  {shown.labels['job_type']} output: {first['raw_output'][:300]!r}")
+        print(f"\n  prompt 1: {shorten(prompt)!r}\n  {shown.labels['job_type']} output: {shorten(first['raw_output'])!r}")
     print(f"\n  run folders: {store.root}/<run id> for {', '.join(c.run_id for _, c in cells)}")

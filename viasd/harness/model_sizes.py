@@ -6,6 +6,7 @@ ids are gated, the rows of each task's pinned hub split, the visible GPUs and wh
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from functools import cache
@@ -43,10 +44,21 @@ GIB = 1024**3
 
 
 def visible_gpus_gib() -> list[float]:
-    """Memory of each visible GPU in GiB; ``VIASD_DRYRUN_GPUS=80,80`` overrides (planning, tests)."""
+    """Memory of each visible GPU in GiB; ``VIASD_DRYRUN_GPUS=80,80`` overrides (planning, tests):
+    GiB per GPU, comma-separated finite positive numbers (empty: no GPU), else one ConfigError line
+    naming it."""
     env = os.environ.get("VIASD_DRYRUN_GPUS")
-    if env is not None:
-        return [float(x) for x in env.split(",") if x.strip()]
+    if env is not None and env.strip():
+        try:
+            gpus = [float(x) for x in env.split(",") if x.strip()]
+        except ValueError:
+            gpus = []
+        if not gpus or not all(math.isfinite(g) and g > 0 for g in gpus):
+            raise ConfigError(f"VIASD_DRYRUN_GPUS={env[:80]!r} is not a list of GPU sizes: give GiB per GPU, "
+                              "comma-separated positive numbers (e.g. VIASD_DRYRUN_GPUS=80,80), or unset it")
+        return gpus
+    if env is not None:  # set but empty: no GPU
+        return []
     import torch
 
     if not torch.cuda.is_available():

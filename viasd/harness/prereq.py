@@ -8,6 +8,12 @@
   ``table1`` cell) rather than decode with a slim verifier nobody asked for.
 * **Every task's** ``preflight()`` (the code tasks' sandbox check), called once per distinct
   task config (:func:`task_preflights`).
+* **What a decode would refuse once its pair is loaded**, decided from the config alone
+  (:func:`decode_refusal`): ``method.gate=oracle`` (replay only), a learned gate file that does
+  not load or was trained for another pair, ``+pair.compile=true`` with a routed stream (a slim
+  verifier or a self drafter). The runner raises it before a run folder exists
+  (:func:`require_decodable`); the dry run marks the cell and the grid stops on it before its
+  first cell.
 
 Why the grid stops instead of running the search as a first cell: a search is a job of its
 own (paper scale: 18–68 min and the target's full memory per pair and budget), launchers
@@ -30,7 +36,7 @@ from viasd.models.pairs import store_name
 from viasd.tasks import build_task
 
 __all__ = ["Preflight", "cell_mask_source", "require_mask", "missing_masks", "task_preflights", "not_ready",
-           "check_ready"]
+           "check_ready", "decode_refusal", "require_decodable"]
 
 
 def _slim_node(cfg: DictConfig) -> DictConfig | None:
@@ -60,6 +66,43 @@ def require_mask(cfg: DictConfig) -> None:
     if src is not None and src.kind == "search":
         slim = to_dataclass(SlimConfig, OmegaConf.to_container(cfg.method.slim, resolve=True), where="method.slim")
         raise no_mask_error(store_name(OmegaConf.to_container(cfg.pair, resolve=True)), slim, src)
+
+
+def decode_refusal(cfg: DictConfig) -> str | None:
+    """The one line a decoding cell would be refused with once its pair is loaded (None: none),
+    decided without loading a model: ``method.gate=oracle`` (replay only), ``method.gate=learned``
+    with a gate file that does not load (:func:`~viasd.engine.gate_file.load_gate`) or was
+    trained for another pair (:meth:`~viasd.engine.gate_file.GateModel.check`; its slim layers
+    are checked once the mask is read), ``+pair.compile=true`` with a stream the compiled forward
+    cannot run (a slim verifier, a self drafter)."""
+    if OmegaConf.select(cfg, "exp.entry", default="run") != "run":
+        return None
+    gate = OmegaConf.select(cfg, "method.gate", default=None)
+    if gate == "oracle":
+        return ("method.gate=oracle is replay-only (it reads the target's tokens from a trace): "
+                "`python -m experiments.replay run=<ar run id> method=via_sd method.gate=oracle`")
+    if gate == "learned":
+        from viasd.engine.gate_file import load_gate
+
+        try:
+            model = load_gate(OmegaConf.select(cfg, "method.gate_path", default=None))
+            model.check(str(cfg.pair.name), model.meta.get("layers"))  # the pair; the layers wait for the mask
+        except ConfigError as e:
+            return str(e)
+    if OmegaConf.select(cfg, "pair.compile", default=False):
+        routed = "a slim verifier" if _slim_node(cfg) is not None else \
+            "a self drafter" if OmegaConf.select(cfg, "method.drafter.name", default=None) == "self" else None
+        if routed:
+            return (f"+pair.compile=true runs the model's own forward; method {cfg.method.name} routes it through "
+                    f"{routed}: use ar, sd or cascade_sd, or set +pair.compile=false")
+    return None
+
+
+def require_decodable(cfg: DictConfig) -> None:
+    """Raise :func:`decode_refusal` as one ConfigError line (the runner, before a run folder exists)."""
+    why = decode_refusal(cfg)
+    if why:
+        raise ConfigError(why)
 
 
 def missing_masks(cells: list[DictConfig]) -> dict[str, int]:
@@ -110,6 +153,12 @@ def not_ready(cells: list[DictConfig], preflights: list[Preflight] | None = None
     for check in preflights if preflights is not None else task_preflights(cells):
         if check.error:
             problems.append(f"{', '.join(check.tasks)}: {check.error}")
+    refused: dict[str, int] = {}
+    for cfg in cells:
+        why = decode_refusal(cfg)
+        if why:
+            refused[why] = refused.get(why, 0) + 1
+    problems += [f"{n} cell(s) would be refused: {why}" for why, n in refused.items()]
     need = missing_masks(cells)
     if need:
         n = sum(need.values())
@@ -120,7 +169,8 @@ def not_ready(cells: list[DictConfig], preflights: list[Preflight] | None = None
 
 
 def check_ready(cells: list[DictConfig]) -> None:
-    """Raise one ConfigError line when a cell could not start: a missing DIMR mask or a refused preflight."""
+    """Raise one ConfigError line when a cell could not start: a missing DIMR mask, a refused
+    preflight or a decode that would be refused (:func:`decode_refusal`)."""
     why = not_ready(cells)
     if why:
         raise ConfigError(why)

@@ -28,6 +28,7 @@ the same store then fail at once without a line of their own (the grid lists the
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -50,12 +51,13 @@ from viasd.harness.identity import (  # noqa: F401  (re-exported: what names a r
     input_files,
     slim_mask_used,
 )
-from viasd.harness.prereq import require_mask
+from viasd.harness.prereq import require_decodable, require_mask
 from viasd.harness.summary import (  # noqa: F401  (aggregate, EXAMPLE_ONLY, SUMMARY_KEYS: re-exported)
     EXAMPLE_ONLY,
     SUMMARY_KEYS,
     aggregate,
     ar_command,
+    cut_off_warning,
     matched_speedups,
     print_summary,
 )
@@ -67,6 +69,7 @@ from viasd.tracking.baseline import tier_shares
 from viasd.tracking.proof import INVALID
 from viasd.tracking.store import RunStore, StoreFull, run_id_for
 from viasd.tracking.wandb_logger import WandbLogger, labels_for, upload_finished
+from viasd.utils.fs import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,7 @@ class Cell:
         self.task = build_task(cfg.task)
         self.task.preflight()  # e.g. code tasks refuse now, not after generation, when no sandbox is available
         require_mask(cfg)  # mask: auto with no searched mask refuses now, before any model is loaded
+        require_decodable(cfg)  # gate=oracle, a gate of another pair, compile with a routed stream: no folder made
         gen_cfg = OmegaConf.to_container(cfg.generation, resolve=True)
         if gen_cfg.get("max_new_tokens") is None:
             gen_cfg["max_new_tokens"] = int(self.task.max_new_tokens)
@@ -152,19 +156,14 @@ class Cell:
         self.lock.release()
         self.store.drop_if_empty(self.run_id)
 
-    def open(self, examples: list, live_wandb: bool = True) -> None:
-        """Under the lock, before any model is loaded: set an invalid folder aside, keep an
-        interrupted attempt's complete records (the prefix in task order), write the folder's first
-        files (a full disk fails here) and start W&B (``live_wandb``; else the run is logged to
-        W&B from its folder when it finishes)."""
+    def open(self, examples: list, live_wandb: bool = True, pair=None) -> None:
+        """Under the lock, once the pair is loaded (``pair``; default: this cell's cached pair): set
+        an invalid folder aside, keep an interrupted attempt's complete records that prove
+        themselves (:meth:`proven_records`), write the folder's first files (a full disk fails
+        here) and start W&B (``live_wandb``; else the run is logged to W&B from its folder when it
+        finishes)."""
         set_aside_invalid(self.store, self.run_id)
-        # Examples an interrupted attempt at this run finished are kept, not decoded again (same run
-        # id = same config and inputs); only the prefix in task order is reused.
-        reuse = []
-        for ex, rec in zip(examples, self.store.partial_examples(self.run_id)):
-            if rec.get("id") != ex.id:
-                break
-            reuse.append(rec)
+        reuse = self.proven_records(examples, pair)
         files, data = input_files(self.cfg), data_dir(required=False)
         meta = {"inputs": {k: {"path": str(p), "sha256": self.resolved["inputs"][k]} for k, p in files.items()},
                 "data_dir": str(data) if data else None, "threads": torch.get_num_threads()}
@@ -179,6 +178,29 @@ class Cell:
         self.results = [{k: r[k] for k in r if k not in EXAMPLE_ONLY} for r in reuse]
         self.predictions = [r["prediction"] for r in reuse]
         self.reused = len(reuse)
+
+    def proven_records(self, examples: list, pair=None) -> list[dict[str, Any]]:
+        """The records an interrupted attempt at this run finished that a resume keeps (same run id
+        = same config and inputs): the prefix in task order whose checksum chain holds
+        (:meth:`RunStore.resumable <viasd.tracking.store.RunStore.resumable>`) and whose every record
+        is its example's (id, prompt, reference) and its own tokens' (``raw_output`` decodes from
+        ``token_ids``, ``prediction`` is the task's reading of it, ``new_tokens`` counts them). The
+        first record that does not prove itself, and every one after it, is decoded again (one line)."""
+        records, why = self.store.resumable(self.run_id)
+        if not records and not why:
+            return []
+        tokenizer = (pair if pair is not None else cached_pair(self.cfg.pair)).tokenizer
+        reuse: list[dict[str, Any]] = []
+        for ex, rec in zip(examples, records):
+            problem = record_problem(rec, ex, self.task, tokenizer)
+            if problem:
+                why = f"record {len(reuse) + 1} ({problem})"
+                break
+            reuse.append(rec)
+        if why:
+            print(f"[viasd] {self.run_id}: the interrupted attempt's {why}: kept {len(reuse)} records, "
+                  "decoding the rest again")
+        return reuse
 
     def attach(self, pair) -> None:
         """Once the pair is loaded: the task's stop strings, the pair's runtime and the slim mask used."""
@@ -205,6 +227,8 @@ class Cell:
         self.predictions.append(pred)
         record = {"id": ex.id, "prompt": text, "prediction": pred, "raw_output": res.text,
                   "reference": ex.reference, "token_ids": res.tokens, **extra, **res.summary(), "cpu_s": cpu_s}
+        if res.rounds and len(res.rounds) == res.counters.rounds:  # tokens per round: Spec-Bench's accept lengths
+            record["accept_lengths"] = [int(r.emitted) for r in res.rounds]
         self.run_dir.log_example(record)
         if self.wb is not None:
             self.wb.log_example(i, record)
@@ -231,6 +255,10 @@ class Cell:
         summary.update(matched_speedups(summary, self.resolved, self.store,
                                         float(self.cfg.tracking.get("quality_delta", 1.0))))
         summary = self.run_dir.finish(summary, per_example)
+        cut = cut_off_warning([int(r.get("new_tokens") or 0) for r in self.results], int(self.gen.max_new_tokens),
+                              bool(corpus))
+        if cut:
+            print(f"[viasd] {self.run_id}: {cut}", file=sys.stderr)
         if self.wb is not None:
             self.wb.log_run(summary, self.path)
             self.wb.finish()
@@ -251,6 +279,32 @@ class Cell:
     def ar_hint(self) -> str | None:
         """The command that creates this run's matched ``ar`` run (checked by composing it), if one is found."""
         return ar_command(command_line(), self.resolved, identity_of)
+
+
+def _as_json(value: Any) -> Any:
+    return json.loads(json.dumps(jsonable(value)))
+
+
+def record_problem(rec: dict[str, Any], ex, task, tokenizer) -> str:
+    """Why a stored example record is not the decode of example ``ex`` it claims to be ("" when it
+    is): its id, prompt and reference are the example's, ``new_tokens`` counts its ``token_ids``,
+    ``raw_output`` is their decoding and ``prediction`` the task's reading of that."""
+    tokens = rec.get("token_ids")
+    if rec.get("id") != ex.id:
+        return f"is of example {rec.get('id')!r}, not {ex.id!r}"
+    if rec.get("prompt") != task.render(ex, tokenizer):
+        return "its prompt is not the example's"
+    if _as_json(rec.get("reference")) != _as_json(ex.reference):
+        return "its reference is not the example's"
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        return "its token_ids are not a list of token ids"
+    if rec.get("new_tokens") != len(tokens):
+        return f"new_tokens {rec.get('new_tokens')!r} is not its {len(tokens)} token ids"
+    if rec.get("raw_output") != tokenizer.decode(tokens, skip_special_tokens=True):
+        return "its raw_output is not the decoding of its token ids"
+    if rec.get("prediction") != task.postprocess(rec["raw_output"]):
+        return "its prediction is not the task's reading of its raw_output"
+    return ""
 
 
 #: Stores that hit a full disk in this process (later runs on them fail at once).
@@ -314,7 +368,7 @@ def _decode_all(cell: Cell) -> dict[str, Any]:
     examples = cell.task.examples()
     pair = cached_pair(cell.cfg.pair)
     examples = fit_examples(cell.task, examples, pair, cell.gen.max_new_tokens)  # over-long prompts: refused or cut
-    cell.open(examples)
+    cell.open(examples, pair=pair)
     try:
         cell.attach(pair)
         cell.warm_up(pair, examples)
@@ -324,12 +378,15 @@ def _decode_all(cell: Cell) -> dict[str, Any]:
             if i < cell.reused:
                 continue
             res = cell.decode(pair, i, ex)
-            bar.set_postfix(tok_s=f"{res.tokens_per_s:.1f}", rej=f"{res.rejection_rate:.2f}")
+            rej = res.rejection_rate  # NaN for a method that drafts nothing (ar): left off the bar
+            bar.set_postfix(tok_s=f"{res.tokens_per_s:.1f}", **({} if rej != rej else {"rej": f"{rej:.2f}"}))
         return cell.finish(pair, examples)
     except KeyboardInterrupt as e:
         cell.abort()
         raise RunInterrupted(cell.path) from e
     except BaseException as e:
         cell.abort(e)
+        if isinstance(e, SystemExit):  # whoever called sys.exit: an unfinished run never ends with its status
+            raise RuntimeError(f"sys.exit({e.code!r}) was called during the run; {cell.path} is unfinished") from e
         raise
 

@@ -8,6 +8,9 @@ namespaces`` as another user; ``unsafe``, the floor), each sample alone (``reps`
 all alike) and the whole set with ``workers`` at a time (samples/s). Two floors name what
 dominates: the interpreter's start-up (``python -I -c pass``) and, per namespace level, the
 namespaces and minimal root without the interpreter (the root stage ending in ``true``).
+The orderings these numbers are expected to show (a namespace level costs more than the unsafe
+floor; its floor is below a whole sample) are checked here, by the measurement (:func:`orderings`,
+printed and written with the rows), never by a timed unit test.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Any
 from viasd.errors import ConfigError
 from viasd.paths import data_dir
 from viasd.tasks.sandbox import levels, remove_tree, run_program, run_programs
-from viasd.tasks.sandbox_levels import ROOT, UNSAFE, Plan
-from viasd.tasks.sandbox_proc import free_uid, take_uid
-from viasd.tasks.sandbox_scripts import minimal_env, namespace_prefix
+from viasd.tasks.sandbox.isolation import ROOT, ROOTLESS, UNSAFE, Plan
+from viasd.tasks.sandbox.proc import free_uid, take_uid
+from viasd.tasks.sandbox.scripts import minimal_env, namespace_prefix
 
-__all__ = ["COLUMNS", "bench_samples", "sandbox_bench"]
+__all__ = ["COLUMNS", "bench_samples", "orderings", "sandbox_bench"]
 
 # Synthetic canonical samples in HumanEval's shape (prompt + canonical solution; test + check call).
 SYNTHETIC = [
@@ -148,5 +151,18 @@ def sandbox_bench(n_samples: int = 6, reps: int = 3, workers: int = 2) -> tuple[
                  "median_ms": _interpreter_floor(py, reps) * 1e3})
     meta = {"source": source, "n_samples": len(samples), "reps": reps, "workers": workers,
             "uid": os.geteuid(), "python": {level: p.python for level, p in plans.items()},
-            "load_avg": os.getloadavg()}  # fmt: skip
+            "load_avg": os.getloadavg(), "orderings": orderings(rows)}  # fmt: skip
     return rows, meta
+
+
+def orderings(rows: list[dict[str, Any]]) -> dict[str, bool]:
+    """What the measurement is expected to show, each statement → whether these ``rows`` show it:
+    per namespace level, that it costs more than the unsafe floor (``x_unsafe > 1``) and that its
+    floor (namespaces and minimal root, no interpreter) is below a whole sample (``floor_ms <
+    median_ms``). A ``False`` on a loaded machine says to measure again, not that scoring is wrong."""
+    out = {}
+    for row in rows:
+        if row["level"] in (ROOT, ROOTLESS):
+            out[f"{row['level']} costs more than unsafe"] = bool(row["x_unsafe"] > 1.0)
+            out[f"{row['level']} floor below a sample"] = bool(0 < row["floor_ms"] < row["median_ms"])
+    return out

@@ -1,7 +1,7 @@
 """A run's summary: corpus statistics from its examples, the speedup over its matched ``ar`` run,
 and the table printed at the end of a run — with no ``nan`` in it: a missing value prints as
 ``–`` and a missing ``ar`` run as the command that creates it (:func:`ar_command`, checked by
-composing it).
+composing it) — and the warning when most outputs were cut off at ``max_new_tokens`` (:func:`cut_off_warning`).
 """
 
 from __future__ import annotations
@@ -71,3 +71,15 @@ def print_summary(summary: dict[str, Any], path: Path, ar_hint: str | None = Non
         how = f"create it with: {ar_hint}" if ar_hint else \
             "create it by running method=ar with the same pair, task, generation settings and seed"
         print(f"no matched ar run for a speedup (–); {how}")
+
+
+def cut_off_warning(new_tokens: list[int], max_new_tokens: int, scored: bool) -> str | None:
+    """A warning when most outputs (over half of ``new_tokens``, one count per example) stopped at
+    ``max_new_tokens`` — cut off, not finished — so a scored task's quality reads low (HumanEval pass@1 of
+    programs cut mid-function); None otherwise or for an unscored task."""
+    cut = sum(n >= max_new_tokens for n in new_tokens)
+    if not scored or not new_tokens or cut * 2 <= len(new_tokens):
+        return None
+    return (f"warning: {cut}/{len(new_tokens)} outputs stopped at generation.max_new_tokens={max_new_tokens}, cut off "
+            "before they finished; their scores count them as cut (a program cut mid-function fails); raise "
+            "generation.max_new_tokens for the task's quality")

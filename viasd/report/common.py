@@ -21,6 +21,7 @@ from scipy import stats
 
 from viasd.analysis.paired import compare_to_ar, load_run
 from viasd.harness.grid import exp_cells
+from viasd.harness.identity import find_as_recorded
 from viasd.harness.interleave import variant_label
 from viasd.harness.runner import identity
 from viasd.registry import Registry
@@ -58,6 +59,9 @@ def collect(exp: str, scale: str, store: RunStore | RunStores, overrides: list[s
         ident = identity(cfg)
         rid = run_id_for(ident)
         found = stores.find(rid)
+        if found is None and (recorded := find_as_recorded(stores, cfg, ident)) is not None:
+            found, ident = recorded  # no data file here: the run recorded its hash (ids unchanged)
+            rid = found["run_id"]
         if found is None:
             missing.append(rid)
             continue
@@ -172,7 +176,9 @@ def save_figure(fig, out: Path, name: str, runs: list[dict], missing: list[str],
                  ha="right", va="top", fontsize=6, color="C3")
     paths = []
     for ext in ("png", "pdf"):
-        fig.savefig(out / f"{name}.{ext}", dpi=150, bbox_inches="tight")
+        # no creation date: a figure rebuilt from the same runs is the same bytes
+        fig.savefig(out / f"{name}.{ext}", dpi=150, bbox_inches="tight",
+                    metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(str(out / f"{name}.{ext}"))
     plt.close(fig)
     atomic_write_json(out / f"{name}.sources.json", _sources(runs, missing, scale))

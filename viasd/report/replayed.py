@@ -174,4 +174,6 @@ def priced_by(cost: dict[str, Any] | None) -> str:
     if not cost:
         return " No cost file priced it: no predicted speedups."
     pair = f", pair {cost['pair']}" if cost.get("pair") else ""
-    return f" Priced by the cost file `{cost['path']}` (sha256 {str(cost['sha256'])[:12]}…{pair})."
+    other = (f" It was measured for another pair than the trace's ({cost['trace_pair']}; cost.allow_other_pair=true)."
+             if cost.get("trace_pair") else "")
+    return f" Priced by the cost file `{cost['path']}` (sha256 {str(cost['sha256'])[:12]}…{pair}).{other}"

@@ -19,6 +19,7 @@ from viasd.report.common import (
     with_isolation,
     write_table,
 )
+from viasd.report.paper_table import paper_table2
 from viasd.tracking.baseline import quality, target_calls_per_token
 from viasd.tracking.store import RunStore
 
@@ -70,6 +71,10 @@ def _method_table(name: str, title: str, runs, missing, out: Path, scale: str, e
 
 @REPORTS.register("table2")
 def table2(runs, missing, out, store, scale):
+    """The paper's layout (methods × task kinds, :mod:`viasd.report.paper_table`) where the exp's cells are
+    interleaved (cpu-large: the verdict's runs); a row per pair × task × method otherwise."""
+    if any(r.get("label") for r in runs):
+        return paper_table2(runs, missing, out, store, scale)
     return _method_table("table2", "Table 2 — main results", runs, missing, out, scale, [], store)
 
 

@@ -25,7 +25,12 @@ also recomputed from its examples. Summaries written before ``examples_lines``/`
 stays valid without an upgrade step.
 
 A folder without ``summary.json`` whose ``config.yaml`` names it is **unfinished** (an
-interrupted attempt: the same command resumes after its complete records); one without any of
+interrupted attempt: the same command resumes after its complete records, keeping only the prefix
+whose **checksum chain** holds: every record written since the chain exists carries
+``record_chain`` (:data:`CHAIN_KEY`), the SHA-256 of the previous record's chain — the run id's for
+the first — and of the record itself without its chain and its ``score``
+(:func:`chain_of`); :func:`chained_prefix` is how many records keep it, so a record edited, moved
+or copied in from another run is decoded again, never sealed); one without any of
 any file but its lock is **empty** (a run starting now holds only its lock there); anything else is
 **invalid**, with the reason. :func:`reserved` names (``wandb``, ``bench``, ``cost_curve``, and
 any name starting with ``_`` or ``.``: ``_traces``, ``_cost``, ``_invalid``…) are not run folders.
@@ -65,6 +70,33 @@ def record_sha256(summary: dict[str, Any], meta: dict[str, Any] | None) -> str:
     body = {"summary": {k: v for k, v in summary.items() if k != "record_sha256"}, "meta": meta}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: The field of an example record holding its link of the run's checksum chain.
+CHAIN_KEY = "record_chain"
+
+
+def chain_of(prev: str, record: dict[str, Any]) -> str:
+    """Hex SHA-256 of ``prev`` (the previous record's chain; the run id for the first record) and the
+    canonical JSON of ``record`` without :data:`CHAIN_KEY` and ``score`` (scores are merged in at
+    finish and recomputed by every finish): the record's link of the chain."""
+    body = {k: v for k, v in record.items() if k not in (CHAIN_KEY, "score")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(f"{prev}\n{text}".encode()).hexdigest()
+
+
+def chained_prefix(run_id: str, records: list[dict[str, Any]]) -> tuple[int, str]:
+    """How many leading ``records`` of run ``run_id`` hold the checksum chain, and why the next one
+    does not ("" when all do)."""
+    prev = run_id
+    for i, rec in enumerate(records):
+        link = rec.get(CHAIN_KEY)
+        if link is None:
+            return i, f"record {i + 1} carries no {CHAIN_KEY} (written before the chain existed)"
+        if link != chain_of(prev, rec):
+            return i, f"record {i + 1} is not the one written (its {CHAIN_KEY} differs: edited, moved or copied in?)"
+        prev = link
+    return len(records), ""
 
 
 def reserved(name: str) -> bool:

@@ -25,22 +25,20 @@ it, and editing a prompt/data/mask file makes a new run.
   repository (``results/runs/``, :func:`viasd.paths.results_dir`), which only
   :func:`viasd.tracking.results.publish` writes. :func:`find_run` and :func:`valid_runs` are
   what the readers call.
+
+The writer of one open run folder, :class:`~viasd.tracking.run_folder.Run`, lives in
+:mod:`viasd.tracking.run_folder`.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import platform
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from viasd.errors import ConfigError
 from viasd.paths import results_dir, runs_dir
@@ -54,7 +52,17 @@ from viasd.tracking.ids import (  # noqa: F401  (re-exported: the store's names 
     run_id_problem,
 )
 from viasd.tracking.lock import RunLock, is_lock_file
-from viasd.tracking.proof import INVALID, RECORD_FILES, UNFINISHED, Verdict, inspect, record_sha256, reserved
+from viasd.tracking.proof import (
+    CHAIN_KEY,
+    INVALID,
+    RECORD_FILES,
+    UNFINISHED,
+    Verdict,
+    chained_prefix,
+    inspect,
+    reserved,
+)
+from viasd.tracking.run_folder import Run, store_write  # noqa: F401  (re-exported: the store's writer)
 from viasd.tracking.store_errors import (  # noqa: F401  (re-exported: the store's errors)
     FULL_DISK,
     READ_ONLY,
@@ -63,113 +71,7 @@ from viasd.tracking.store_errors import (  # noqa: F401  (re-exported: the store
     full_disk_error,
     store_error,
 )
-from viasd.utils.fs import append_text, atomic_write_text, jsonable
-from viasd.utils.machine import cpu_name
-
-
-def store_write(path: Path, text: str, root: Path, append: bool = False) -> None:
-    """The run store's one write: ``text`` replaces ``path`` atomically, or (``append``) is appended
-    and flushed; a full disk becomes :class:`StoreFull`, a read-only store :class:`StoreReadOnly`."""
-    try:
-        (append_text if append else atomic_write_text)(path, text)
-    except OSError as e:
-        err = store_error(e, path, root)
-        if err is not None:
-            raise err from None
-        raise
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(jsonable(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-
-def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False) + "\n"
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
-def git_dirty() -> bool | None:
-    """True when the project's work tree has uncommitted changes to tracked files (None: no git)."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                             text=True, timeout=10, cwd=Path(__file__).parent)
-        return bool(out.stdout.strip()) if out.returncode == 0 else None
-    except Exception:
-        return None
-
-
-class Run:
-    """An open run folder (its lock held by the caller): append examples, then :meth:`finish`."""
-
-    def __init__(self, path: Path, cfg: dict[str, Any], meta: dict[str, Any] | None = None,
-                 resume: list[dict[str, Any]] | None = None, root: Path | None = None):
-        """Write ``config.yaml``, ``meta.json`` and ``examples.jsonl`` into ``path``; ``resume``:
-        example records of an earlier, unfinished attempt at the same run id, kept as the first lines."""
-        import torch
-        import transformers
-
-        self.path, self.root = path, root or path.parent
-        self.records: list[dict[str, Any]] = [jsonable(r) for r in resume or []]
-        self.meta = {
-            "git_sha": git_sha(), "git_dirty": git_dirty(), "host": platform.node(), "cpu": cpu_name(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "run_id": path.name, "inputs": cfg.get("inputs", {}), **(meta or {}),
-            **({"resumed_examples": len(resume)} if resume else {}),
-        }
-        (path / "summary.json").unlink(missing_ok=True)
-        self._write("config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-        self._write("meta.json", _json(self.meta))
-        self._write("examples.jsonl", "".join(_line(r) for r in self.records))
-
-    def _write(self, name: str, text: str, append: bool = False) -> None:
-        store_write(self.path / name, text, self.root, append)
-
-    def update_meta(self, **fields: Any) -> None:
-        """Add fields to ``meta.json`` (e.g. the slim mask once the pair is loaded)."""
-        self.meta.update(fields)
-        self._write("meta.json", _json(self.meta))
-
-    def log_example(self, record: dict[str, Any]) -> None:
-        """Append one example record and flush it to disk."""
-        record = jsonable(record)
-        self._write("examples.jsonl", _line(record), append=True)
-        self.records.append(record)
-
-    def rewrite(self, records: list[dict[str, Any]]) -> None:
-        """Replace the folder's example records (atomically): e.g. a resumed search whose trials are
-        not the interrupted attempt's."""
-        self.records = [jsonable(r) for r in records]
-        self._write("examples.jsonl", "".join(_line(r) for r in self.records))
-
-    def finish(self, summary: dict[str, Any], scores: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Merge per-example ``scores`` into ``examples.jsonl``, then write ``summary.json`` with the
-        file's line count and checksum and the ``record_sha256`` of the summary and ``meta.json``
-        (:func:`~viasd.tracking.proof.record_sha256`); returns the summary as written.
-
-        Both are written atomically; ``summary.json`` last, so it marks the run finished.
-        """
-        if scores and len(scores) == len(self.records) and any(scores):
-            for rec, sc in zip(self.records, scores):
-                rec["score"] = jsonable(sc)
-            self._write("examples.jsonl", "".join(_line(r) for r in self.records))
-        data = (self.path / "examples.jsonl").read_bytes()
-        summary = {**summary, "examples_lines": len(self.records), "examples_sha256": hashlib.sha256(data).hexdigest()}
-        summary = json.loads(_json(summary))  # as it reads back: the checksum is of what the file holds
-        meta = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
-        summary["record_sha256"] = record_sha256(summary, meta)
-        self._write("summary.json", _json(summary))
-        return summary
-
-    def abort(self) -> None:
-        """Leave the folder unfinished (its complete examples are kept for the next attempt)."""
+from viasd.utils.fs import atomic_write_text
 
 
 def _record(v: Verdict, root: Path) -> dict[str, Any]:
@@ -178,6 +80,22 @@ def _record(v: Verdict, root: Path) -> dict[str, Any]:
         summary["method"] = RENAMED_METHODS[summary["method"]]
     return {"run_id": v.path.name, "path": v.path, "config": copy.deepcopy(v.config), "summary": summary,
             "root": root}
+
+
+def odd_folder(path: Path) -> Verdict | None:
+    """The invalid :class:`Verdict` on an entry of a store that cannot be a run folder (None when it
+    can): a symbolic link (a run folder is a directory of its store, never a link out of it) or a
+    name that is not a plain run id (:func:`~viasd.tracking.ids.run_id_problem`)."""
+    if path.is_symlink():
+        try:
+            target = str(path.resolve())
+        except OSError:
+            target = "?"
+        return Verdict(path, INVALID, f"a symbolic link (to {target}), not a run folder of this store")
+    problem = run_id_problem(path.name)
+    if problem:
+        return Verdict(path, INVALID, f"the folder name {problem}; no run writes here")
+    return None
 
 
 class RunStore:
@@ -236,10 +154,12 @@ class RunStore:
 
     def folders(self, label: str | None = None) -> list[Verdict]:
         """The verdict on every run folder (reserved names left out), by name; ``label``: only the
-        folders whose name carries that method label (``ar``: the candidate baselines)."""
+        folders whose name carries that method label (``ar``: the candidate baselines). A folder no
+        run can be written to — a name that is not a plain run id (``my copy``, ``-rf``) or a
+        symbolic link (e.g. out of the store) — is listed as invalid (:func:`odd_folder`), not read."""
         if not self.root.is_dir():
             return []
-        return [inspect(d) for d in sorted(self.root.iterdir()) if d.is_dir() and not reserved(d.name)
+        return [odd_folder(d) or inspect(d) for d in sorted(self.root.iterdir()) if d.is_dir() and not reserved(d.name)
                 and (label is None or d.name.split("__")[1:2] == [label])]
 
     def finished_runs(self, label: str | None = None) -> Iterator[dict[str, Any]]:
@@ -253,12 +173,22 @@ class RunStore:
         return [v for v in self.folders() if v.state == INVALID]
 
     def partial_examples(self, run_id: str) -> list[dict[str, Any]]:
-        """Example records an unfinished (crashed or interrupted) run of ``run_id`` left behind,
-        up to the first incomplete line; [] for a finished, invalid or absent run."""
+        """Example records an unfinished (crashed or interrupted) run of ``run_id`` left behind that
+        prove themselves (:meth:`resumable`); [] for a finished, invalid or absent run."""
+        return self.resumable(run_id)[0]
+
+    def resumable(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
+        """The records of an unfinished run of ``run_id`` a resume may keep — up to the first
+        incomplete line, and only the prefix whose checksum chain holds
+        (:func:`~viasd.tracking.proof.chained_prefix`), without their chain links, as they were logged
+        (:class:`Run` links them again) — and why the rest are not kept ("" when none are left out);
+        ``([], "")`` for a finished, invalid or absent run."""
         v = self.verdict(run_id)
         if v is None or v.state != UNFINISHED:
-            return []
-        return self.examples(run_id)[: v.records]
+            return [], ""
+        records = self.examples(run_id)[: v.records]
+        n, why = chained_prefix(run_id, records)
+        return [{k: x for k, x in r.items() if k != CHAIN_KEY} for r in records[:n]], why  # as they were logged
 
     def examples(self, run_id: str) -> list[dict[str, Any]]:
         """The complete records of ``examples.jsonl`` (up to the first incomplete line)."""

@@ -2,9 +2,9 @@
 
 Loaded by path (``viasd.tasks.metrics.load_metric("gsm8k_accuracy")``). The number is taken
 from each prediction with :func:`viasd.tasks.scoring.extract_answer_number` (``####``,
-``\\boxed{}``, "the answer is", else the last number; commas, ``$`` and trailing text
-ignored) and compared numerically with the gold number (the text after ``####`` in the
-reference, or the reference itself). Accuracy is on a 0-100 scale.
+``\\boxed{}``, "the answer is", else the last number; the answer there read whole: a fraction as a
+fraction, an expression by its value; commas, ``$`` and trailing text ignored) and compared exactly
+with the gold number (the text after ``####`` in the reference, or the reference itself). Accuracy is on a 0-100 scale.
 """
 
 from __future__ import annotations

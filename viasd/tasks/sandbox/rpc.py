@@ -5,32 +5,60 @@ against the deadline and the output cap, and the request/reply channel to the dr
 :func:`run_checks`, which executes a sample's checks in a namespace of their own whose
 unknown names resolve to the program's: a function becomes a stub that calls it in the
 program's process (arguments and the return value cross as plain data through
-:mod:`viasd.tasks.sandbox_codec`; an exception comes back as its class name), an imported
-standard-library module is imported here, a plain value is copied. The verdict is decided
+:mod:`viasd.tasks.sandbox.codec`; an exception comes back as its class name), a module the
+program imported under its own name is the harness's copy of it when the module is one of
+:data:`CHECK_MODULES` (imported when this module loads; nothing is ever imported, evaluated or
+called here by a name the program supplies), a plain value is copied. The verdict is decided
 here, so nothing the program does to its own process can reach the checks' code, their
-builtins or the verdict. Design in ``docs/sandbox.md``.
+builtins or the verdict, and whatever the checks raise (``SystemExit`` included) is the
+sample's failure. Design in ``docs/sandbox.md``.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import builtins
-import importlib
+import cmath
+import collections
+import copy
+import functools
+import heapq
+import itertools
+import math
+import operator
 import os
+import random
 import re
 import select
+import string
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from types import MappingProxyType, ModuleType
 
-from viasd.tasks.sandbox_codec import FRAME_HEADER, CrossError, decode, encode, frame, unframe_length
-from viasd.tasks.sandbox_scripts import READY
+from viasd.tasks.sandbox.codec import FRAME_HEADER, CrossError, decode, encode, frame, unframe_length
+from viasd.tasks.sandbox.scripts import READY
 
-__all__ = ["CandidateError", "Link", "LinkClosed", "builtin_shadows", "converse", "run_checks"]
+__all__ = [
+    "CHECK_MODULES", "CandidateError", "Link", "LinkClosed", "builtin_shadows", "converse", "run_checks",
+]  # fmt: skip
 
 SERVING = b"serving\n"
+
+#: The modules a check may take from the program's namespace without importing them itself (MBPP 596's
+#: checks call ``sys.getsizeof`` after the program's ``import sys``), by name: fixed here, imported when
+#: this module loads, none with side effects on import. A name the checks look up that the program says
+#: is a module resolves to this table's entry of *that same name* (``import math`` binds ``math`` to
+#: the module ``math``) and to nothing else: the module name the program answers with never reaches an
+#: import, so a program cannot make the scorer import (and run) ``venv.__main__``, ``antigravity``, …
+CHECK_MODULES: MappingProxyType[str, ModuleType] = MappingProxyType({
+    m.__name__: m
+    for m in (bisect, cmath, collections, copy, functools, heapq, itertools, math, operator, random, re,
+              string, sys)
+})  # fmt: skip
 
 
 class LinkClosed(Exception):
@@ -211,8 +239,8 @@ class _ChecksGlobals(dict):
         kind = reply[0]
         if kind == "call":
             value = _Remote(self._link, name)
-        elif kind == "module" and type(reply[1]) is str and reply[1].split(".")[0] in sys.stdlib_module_names:
-            value = importlib.import_module(reply[1])
+        elif kind == "module" and reply[1:] == (name,) and name in CHECK_MODULES:
+            value = CHECK_MODULES[name]  # never imported by the program's word: a fixed module of that name
         elif kind == "value":
             value = reply[1]
         elif kind == "ref":
@@ -229,7 +257,9 @@ def run_checks(link: Link, checks: str, shadows: frozenset[str] = frozenset()) -
     ``shadows``: the builtins whose name resolves to the program's (:func:`builtin_shadows`).
 
     ``("passed", …)`` iff the checks ran to completion; a value that cannot cross fails with
-    that reason; LinkClosed (timeout, output cap, the program exited) propagates.
+    that reason; anything else the checks raise, ``BaseException`` included (``SystemExit``,
+    ``KeyboardInterrupt``), fails the sample; LinkClosed (timeout, output cap, the program
+    exited) propagates.
     """
     try:
         exec(compile(checks, "checks.py", "exec"), _ChecksGlobals(link, shadows))  # noqa: S102 - the dataset's checks
@@ -237,7 +267,7 @@ def run_checks(link: Link, checks: str, shadows: frozenset[str] = frozenset()) -
         raise
     except CrossError as e:
         return "failed", f"a value could not cross to the checks: {e}", ""
-    except Exception as e:  # the checks' verdict; a program's exception arrives as its class
+    except BaseException as e:  # noqa: BLE001 - the checks' verdict: nothing they raise may end the scorer
         return "failed", f"{type(e).__name__} in the checks", traceback.format_exc(limit=-3)
     return "passed", "the checks ran to completion", ""
 
@@ -245,7 +275,7 @@ def run_checks(link: Link, checks: str, shadows: frozenset[str] = frozenset()) -
 def converse(link: Link, checks: str, program: str = "") -> tuple[str | None, str, str, str]:
     """Wait for ``program`` to run, then run the checks against it: ``(status, reason, stop, traceback)``.
 
-    ``status`` None: :func:`~viasd.tasks.sandbox_proc.judge` decides from the channel and
+    ``status`` None: :func:`~viasd.tasks.sandbox.proc.judge` decides from the channel and
     ``stop`` (``"timeout"``, ``"output"``, ``"exited"``, ``"tampered"``).
     """
     try:

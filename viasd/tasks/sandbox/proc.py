@@ -19,7 +19,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from viasd.tasks.sandbox_scripts import READY, SETUP_MARKER
+from viasd.tasks.sandbox.scripts import READY, SETUP_MARKER
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def judge(channel: bytes, stop: str, how: str, stop_reason: str = "", oom: str =
     """``(status, reason)`` of a sample whose checks did not run to a verdict.
 
     ``channel`` is what the result pipe carried before any call (see
-    :mod:`~viasd.tasks.sandbox_scripts`), ``stop`` why the harness stopped listening
+    :mod:`~viasd.tasks.sandbox.scripts`), ``stop`` why the harness stopped listening
     (``"timeout"``, ``"output"``, ``"exited"``, ``"tampered"``) with ``stop_reason`` the words
     for it, ``how`` the launcher's :func:`exit_words`, ``oom`` a reason when the sample's cgroup
     saw an OOM kill. Before ``READY`` only the harness's own stages write (a setup failure is

@@ -9,11 +9,12 @@ driver once its limits and seccomp filter are in place, before any code of the p
 runs), then ``serving`` (the program's top-level code returned) or ``failed program <Name>``,
 then length-framed replies to the harness's requests, which come on a second pipe. A setup
 failure (the root stage's, or the driver's before ``READY``) is ``SETUP_MARKER`` and a line.
-The checks are never sent: they run in the harness (:mod:`viasd.tasks.sandbox_rpc`).
+The checks are never sent: they run in the harness (:mod:`viasd.tasks.sandbox.rpc`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ READY = b"ready\n"
 SETUP_MARKER = b"viasd-sandbox-setup-failed: "
 
 # The harness-owned driver, run by the sandboxed interpreter after the codec's source
-# (:mod:`viasd.tasks.sandbox_codec`, see :func:`driver_source`). argv: result fd, request fd,
+# (:mod:`viasd.tasks.sandbox.codec`, see :func:`driver_source`). argv: result fd, request fd,
 # the limits (address space, processes, file size, CPU s, open files), "1"/"0" socket guard,
 # the seccomp filter as hex ("-": none). It runs the program, then clears every trace and
 # profile hook and serves the harness's requests (look up a name of the program's namespace,
@@ -169,12 +170,13 @@ _viasd_driver(__import__("sys").argv)
 """
 
 
+@functools.lru_cache(maxsize=1)
 def driver_source() -> str:
-    """The driver's full source: the codec's functions, then :data:`DRIVER`."""
-    from viasd.tasks import sandbox_codec
+    """The driver's full source: the codec's functions, then :data:`DRIVER` (read once per process,
+    so a checkout that changes under a long scoring run cannot change what its samples run)."""
+    from viasd.tasks.sandbox import codec
 
-    codec = inspect.getsource(sandbox_codec)
-    return codec + "\n" + DRIVER
+    return inspect.getsource(codec) + "\n" + DRIVER
 
 
 # Root stage of namespace mode, run by sh as PID 1 of the new namespaces: join the sample's

@@ -1,41 +1,37 @@
 """Sandboxed execution of generated code, for pass@1 (HumanEval, MBPP); design in ``docs/sandbox.md``.
 
-This module owns running one untrusted program and its checks and deciding whether the
-checks ran to completion. A harness-owned driver runs the program inside a fresh ``python -I``
-process (its namespace's ``__name__`` is not ``"__main__"``, as in OpenAI's human-eval); the
-checks never enter that process: they run here (:mod:`viasd.tasks.sandbox_rpc`) and call the
-program's functions over a pipe, with only plain data crossing
-(:mod:`viasd.tasks.sandbox_codec`). Status and reason come from the harness, never from text
-the program wrote; exit statuses are never trusted: early exits, signals and timeouts fail,
-each with its reason. What remains open is in the design note.
+This package is the code sandbox, on its own (the tasks use it; it imports nothing of the rest of
+:mod:`viasd` but :mod:`viasd.errors`): ``codec`` (the plain data that crosses), ``scripts`` (the
+driver and the root stage), ``rpc`` (the checks, run in the harness), ``proc`` (uids, kill, the
+verdict when the checks reached none), ``kernel`` (seccomp filter, session keyring), ``isolation``
+(the levels and their probes), ``cgroups`` (per-sample cgroup). This module, its entry point, owns
+running one untrusted program and its checks and deciding whether the checks ran to completion. A
+harness-owned driver runs the program in a fresh ``python -I`` process (its namespace's
+``__name__`` is not ``"__main__"``, as in OpenAI's human-eval); the checks never enter that
+process: they run here and call the program's functions over a pipe, with only plain data
+crossing. Status and reason come from the harness, never from text the program wrote; exit
+statuses are never trusted: early exits, signals and timeouts fail, each with its reason.
 
-Isolation levels (:mod:`viasd.tasks.sandbox_levels`), chosen once per process: ``root
-namespaces`` when root, ``rootless namespaces`` when not root and unprivileged user namespaces
-work, else refused unless waived (``unsafe``). Both namespace levels use util-linux
-``unshare``/``setpriv``/``mount``/``findmnt`` and libseccomp. Each sample gets fresh network,
-PID, mount, IPC and UTS namespaces (rootless: inside a new user namespace mapping the caller to
-root), a fresh empty session keyring, a minimal root (a tmpfs with the interpreter's
-installation and system libraries read-only, private ``/tmp`` with its working directory
-``/tmp/work``, ``/dev/shm``, a few device nodes; nothing else of the host), and runs with no
-capabilities, ``no_new_privs``, not dumpable, under the seccomp filter of
-:mod:`viasd.tasks.sandbox_kernel` — as a random unprivileged uid when root, as the caller's uid
-(root of its user namespace, no capability) when rootless; a ``sh`` is PID 1, so everything
-left dies with it. A per-sample cgroup (:mod:`viasd.tasks.cgroups`, where one can be created:
-root, or a cgroup delegated to the user) bounds memory (files, memfds, shared memory
-included), tasks and CPU bandwidth; without one the program may not fork (``RLIMIT_NPROC`` 1)
-and open files × file size stays within the memory budget. Per process: address space, file
-size, CPU seconds, open files; output past ``max_output_mb`` kills the sample.
+Isolation levels, chosen once per process: ``root namespaces`` when root, ``rootless namespaces``
+when not root and unprivileged user namespaces work, else refused unless waived (``unsafe``). Both
+namespace levels (util-linux ``unshare``/``setpriv``/``mount``/``findmnt``, libseccomp) give each
+sample fresh network, PID, mount, IPC and UTS namespaces, a fresh empty session keyring, a minimal
+root (the interpreter's installation and system libraries read-only, private ``/tmp`` and
+``/dev/shm``, a few device nodes; nothing else of the host), no capabilities, ``no_new_privs``,
+not dumpable, the seccomp filter — as a random unprivileged uid when root, as the caller's uid
+(root of its user namespace, no capability) when rootless; a ``sh`` is PID 1, so everything left
+dies with it. A per-sample cgroup (where one can be created) bounds memory, tasks and CPU
+bandwidth; without one the program may not fork. Per process: address space, file size, CPU
+seconds, open files; output past ``max_output_mb`` kills the sample.
 
-Fail closed: when neither namespace level is available (not root and no unprivileged user
-namespaces, no ``CAP_SYS_ADMIN``, tools or libseccomp missing, or the self-test of the whole
-chain fails), :func:`run_programs`
-raises a :class:`~viasd.errors.ConfigError` naming the opt-in, ``VIASD_UNSAFE_EXEC=1`` or
-the task's ``unsafe_exec: true``. With it, programs run with the resource limits (and the
-filter where libseccomp is there) only, as a fresh uid when root, else as the harness's own
-user, with a warning per call. ``VIASD_SANDBOX_PYTHON`` picks the interpreter (default: the
-first of ``sys.executable``, ``/usr/bin/python3`` that the sandbox uid runs as the same
-installation). The driver and the root stage are in :mod:`viasd.tasks.sandbox_scripts`,
-process handling and the verdict in :mod:`viasd.tasks.sandbox_proc`.
+Fail closed: when neither namespace level is available (no unprivileged user namespaces, no
+``CAP_SYS_ADMIN``, tools or libseccomp missing, or the self-test of the whole chain fails),
+:func:`run_programs` raises a :class:`~viasd.errors.ConfigError` naming the opt-in,
+``VIASD_UNSAFE_EXEC=1`` or the task's ``unsafe_exec: true``. With it, programs run with the
+resource limits (and the filter where libseccomp is there) only, as a fresh uid when root, else as
+the harness's own user, with a warning per call. ``VIASD_SANDBOX_PYTHON`` picks the interpreter
+(default: the first of ``sys.executable``, ``/usr/bin/python3`` that the sandbox uid runs as the
+same installation).
 """
 
 from __future__ import annotations
@@ -55,12 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from viasd.errors import ConfigError
-from viasd.tasks.cgroups import SampleCgroup
-from viasd.tasks.sandbox_kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
-from viasd.tasks.sandbox_levels import UNSAFE, Plan, candidates, first_usable, userns_unavailable
-from viasd.tasks.sandbox_proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
-from viasd.tasks.sandbox_rpc import Link, converse
-from viasd.tasks.sandbox_scripts import driver_source, minimal_env, namespace_prefix
+from viasd.tasks.sandbox.cgroups import SampleCgroup
+from viasd.tasks.sandbox.isolation import UNSAFE, Plan, candidates, first_usable, userns_unavailable
+from viasd.tasks.sandbox.kernel import filter_program, seccomp_unavailable, spawn_in_fresh_keyring
+from viasd.tasks.sandbox.proc import SETUP_S, exit_words, free_uid, judge, kill_group, remove_tree, take_uid
+from viasd.tasks.sandbox.rpc import Link, converse
+from viasd.tasks.sandbox.scripts import driver_source, minimal_env, namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +183,7 @@ def sandbox_mode(unsafe: bool = False) -> str:
 
 def isolation_level(unsafe: bool = False) -> str:
     """The level samples run at here, as a scored run records it: ``root namespaces``, ``rootless
-    namespaces`` or ``unsafe`` (:mod:`viasd.tasks.sandbox_levels`); ConfigError when refused."""
+    namespaces`` or ``unsafe`` (:mod:`viasd.tasks.sandbox.isolation`); ConfigError when refused."""
     return _plan(unsafe).level
 
 
@@ -235,7 +231,8 @@ def run_program(
     may use at once (its cgroup, where the cpu controller is there; each process also gets
     ``RLIMIT_CPU`` of ⌈``timeout_s``⌉ + 1 s); ``max_file_mb`` any one file (and memfd);
     ``max_disk_mb`` all files it writes (a tmpfs); ``max_output_mb`` its stdout+stderr.
-    Never raises for anything the program does; raises a ConfigError (before running
+    Never raises for anything the program does (whatever the checks raise, ``SystemExit``
+    included, is the sample's failure); raises a ConfigError (before running
     anything) when the sandbox is unavailable and ``unsafe``/``VIASD_UNSAFE_EXEC`` does not
     waive it. ``plan``: run at that level instead (one of :func:`levels`; the bench).
     """
@@ -324,9 +321,11 @@ def _run(plan: Plan, code: str, checks: str, timeout_s: float, memory_mb: int, m
             status, reason = judge(bytes(link.channel), stop, how, words.get(stop, ""), oom)
         detail = (link.output() + trace)[-_DETAIL_CHARS:]
         return result(status, reason, detail, None if status == "error" else peak_mb)
-    except Exception as e:  # the harness must survive whatever a sample does
+    except BaseException as e:  # noqa: BLE001 - the harness must survive whatever a sample does
         if proc is not None and proc.poll() is None:
             kill_group(proc, namespace)
+        if isinstance(e, KeyboardInterrupt):  # the user's Ctrl-C (the checks' own end in run_checks)
+            raise
         return result("error", f"{type(e).__name__}: {e}")
     finally:
         for fd in fds:

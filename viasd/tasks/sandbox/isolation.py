@@ -26,8 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from viasd.tasks.sandbox_proc import free_uid, remove_tree, take_uid
-from viasd.tasks.sandbox_scripts import minimal_env, namespace_prefix
+from viasd.tasks.sandbox.proc import free_uid, remove_tree, take_uid
+from viasd.tasks.sandbox.scripts import minimal_env, namespace_prefix
 
 __all__ = [
     "LEVELS", "ROOT", "ROOTLESS", "UNSAFE", "Plan", "candidates", "first_usable", "probe_version",

@@ -20,6 +20,14 @@ instead times the code sandbox: canonical HumanEval samples (synthetic ones with
 scored at each isolation level this process runs (root namespaces as root, rootless namespaces as
 another user, unsafe as the floor), per sample and in samples/s, as ratios to the floor (:mod:`viasd.harness.sandbox_bench`;
 JSON: ``sandbox_opts.out``). No model is loaded.
+
+``python -m experiments.bench --custom-generate [pair=…] [n_prompts=3] [max_new_tokens=64] [custom_generate_opts.methods=[ar,sd,cascade_sd,sd_ngram]]``
+instead times transformers' greedy ``model.generate(do_sample=False)`` of the pair's target against
+``model.generate(custom_generate=<this checkout>, trust_remote_code=True, assistant_model=draft, viasd_method=M)``
+per method, per prompt (HumanEval with the offline data folder, else the built-in prompts, each in the
+chat template as the tasks render it): token-for-token equality with the greedy output, wall time,
+tokens/s and the speedup over greedy ``generate`` (:mod:`viasd.harness.custom_generate_bench`; JSON:
+``custom_generate_opts.out``).
 """
 
 from __future__ import annotations
@@ -209,6 +217,47 @@ def run_sandbox_bench(cfg: DictConfig) -> None:
     print(f"wrote {o.out}")
 
 
+def run_custom_generate_bench(cfg: DictConfig) -> None:
+    """The ``--custom-generate`` mode: greedy ``generate`` vs ``generate(custom_generate=…)`` per method."""
+    import platform
+
+    import torch
+    import transformers
+
+    from viasd.harness.bench import format_table, write_json
+    from viasd.harness.custom_generate_bench import COLUMNS, custom_generate_bench
+    from viasd.models.pairs import load_pair
+    from viasd.utils.machine import cpu_name
+
+    o = cfg.custom_generate_opts
+    pair = load_pair(cfg.pair)
+    if pair.tokenizer is None or getattr(pair.target.config, "is_encoder_decoder", False):
+        raise ConfigError(f"--custom-generate needs a decoder-only pair with a tokenizer; pair={pair.name} is not one")
+    spec = str(o.prompts)
+    if spec == "auto":
+        try:
+            prompts, spec = load_prompts("humaneval", int(cfg.n_prompts), pair.tokenizer), "humaneval"
+        except ConfigError:  # no offline data folder: the built-in prompts
+            prompts, spec = load_prompts("builtin", int(cfg.n_prompts), pair.tokenizer), "builtin"
+    else:
+        prompts = load_prompts(spec, int(cfg.n_prompts), pair.tokenizer)
+    methods = [str(m) for m in o.methods]
+    rows, per_prompt = custom_generate_bench(pair.target, pair.draft, pair.tokenizer, prompts, methods,
+                                             int(cfg.max_new_tokens), warmup=int(cfg.warmup))
+    runtime = pair.extras["runtime"]
+    template = "chat template" if getattr(pair.tokenizer, "chat_template", None) else "plain"
+    print(f"\npair={pair.name} dtype={runtime['dtype']} backend={runtime['backend']} threads={torch.get_num_threads()} "
+          f"prompts={len(prompts)} ({spec}, {template}) max_new_tokens={cfg.max_new_tokens} "
+          f"transformers={transformers.__version__} cpu={cpu_name()}")
+    print(format_table(rows, COLUMNS))
+    write_json(o.out, rows, {"pair": OmegaConf.to_container(cfg.pair, resolve=True), "prompts": spec,
+                             "prompt_format": template, "n_prompts": len(prompts),
+                             "max_new_tokens": cfg.max_new_tokens, "warmup": cfg.warmup, "runtime": runtime,
+                             "methods": methods, "transformers": transformers.__version__, "cpu": cpu_name(),
+                             "python": platform.python_version(), "per_prompt": per_prompt})
+    print(f"wrote {o.out}")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench")
 def main(cfg: DictConfig) -> None:
     import torch
@@ -226,6 +275,8 @@ def main(cfg: DictConfig) -> None:
             return run_cost_curve(cfg)
         if cfg.sandbox:
             return run_sandbox_bench(cfg)
+        if cfg.get("custom_generate"):
+            return run_custom_generate_bench(cfg)
         pair = load_pair(cfg.pair)
         variants = [Variant(m, m, {} if m == "ar" else {"gamma": int(cfg.gamma)}) for m in cfg.methods]
         for label, v in OmegaConf.to_container(cfg.variants, resolve=True).items():
@@ -249,7 +300,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    for flag, key in (("--cost-curve", "cost_curve"), ("--sandbox", "sandbox")):  # flags, not Hydra overrides
+    for flag, key in (("--cost-curve", "cost_curve"), ("--sandbox", "sandbox"), ("--custom-generate", "custom_generate")):  # flags, not Hydra overrides
         if flag in sys.argv:
             sys.argv = [a for a in sys.argv if a != flag] + [f"{key}=true"]
     main()

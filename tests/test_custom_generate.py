@@ -78,3 +78,27 @@ def test_bad_input_is_one_line(llama, kw, needle):
     with pytest.raises(ConfigError) as e:
         _gen(target, enc, max_new_tokens=4, **kw)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bench_section_compares_custom_generate_with_greedy_generate(tmp_path):
+    """``experiments.bench --custom-generate`` on a tiny pair: its table and JSON (structure only, no timing)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "cg.json"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    r = subprocess.run([sys.executable, "-m", "experiments.bench", "--custom-generate", "pair=tiny-llama", "n_prompts=2",
+                        "max_new_tokens=6", "custom_generate_opts.prompts=builtin", f"custom_generate_opts.out={out}"],
+                       cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| variant | equal_to_greedy | new_tokens | wall_s | tokens_per_s | speedup_vs_generate |" in r.stdout
+    data = json.loads(out.read_text())
+    rows = {row["variant"]: row for row in data["rows"]}
+    assert list(rows) == ["generate (greedy)", "ar", "sd", "cascade_sd", "sd_ngram"]
+    for name, row in rows.items():  # lossless: every prompt equals transformers' greedy output
+        assert row["equal_to_greedy"] == "2/2" and row["new_tokens"] == 2 * 6, (name, row)
+        assert row["tokens_per_s"] > 0 and row["speedup_vs_generate"] > 0, (name, row)
+    assert rows["generate (greedy)"]["speedup_vs_generate"] == 1.0
+    assert len(data["meta"]["per_prompt"]) == 2 * 5 and data["meta"]["threads"] == 1
+    assert data["meta"]["prompts"] == "builtin" and data["meta"]["transformers"] == transformers.__version__

@@ -101,9 +101,14 @@ class _StubTarget:
         return emb
 
 
-def test_draft_cache_key_is_unchanged(tmp_path):
+def test_draft_cache_key_is_unchanged(tmp_path, monkeypatch):
     """Every cached draft is found through these hashes: they were computed by the code before
-    the distill package existed (models/draft_build.py) and must not drift."""
+    the distill package existed (models/draft_build.py) and must not drift. A data folder holding the
+    recipe's reference selection keys as before; another selection is another draft."""
+    from viasd.distill import cache as cache_mod
+    from viasd.distill.config import REFERENCE_PROMPTS_SHA256
+
+    monkeypatch.setattr(cache_mod, "selection_of", lambda cfg, root: (REFERENCE_PROMPTS_SHA256,))
     target = _StubTarget()
     assert target_fingerprint(target) == "f8c4a1e261bed5d3"
     other = DraftBuildConfig(name="x", layers=2, lr=1e-3, threads=3)
@@ -112,6 +117,8 @@ def test_draft_cache_key_is_unchanged(tmp_path):
     assert got == ["smollm2-draft-1f517bc7e1eb", "smollm2-draft-80e9286486ba", "x-ff06b5bd69fa", "x-69082383e843"]
     assert draft_dir(target, other, tmp_path, None) == tmp_path / "drafts" / "x-ff06b5bd69fa"
     assert draft_dir(target, dataclasses.replace(other, threads=1), tmp_path, None).name == "x-ff06b5bd69fa"
+    monkeypatch.setattr(cache_mod, "selection_of", lambda cfg, root: ("0" * 64,))
+    assert draft_dir(target, other, tmp_path, Path("/data")).name not in got
 
 
 def _closed_form_lr(lr: float, steps: int, warmup: float, step: int) -> float:

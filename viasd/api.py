@@ -87,12 +87,20 @@ def _composed(name: str) -> dict[str, Any] | None:
     if not (conf / "method" / f"{name}.yaml").is_file():
         return None
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
     import viasd.harness  # noqa: F401  (registers the schemas the method files extend)
 
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        node = compose(config_name="config", overrides=[f"method={name}"]).method
+    outer = get_gh_backup()  # inside a Hydra app (e.g. experiments.bench): set its GlobalHydra aside, then restore
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            node = compose(config_name="config", overrides=[f"method={name}"]).method
+    finally:
+        if outer is not None:
+            restore_gh_from_backup(outer)
     return OmegaConf.to_container(node, resolve=True)
 
 

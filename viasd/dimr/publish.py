@@ -33,6 +33,7 @@ from viasd.dimr.masks import mask_name, mask_path, published_mask_path
 from viasd.dimr.search import SearchConfig
 from viasd.errors import ConfigError
 from viasd.models.pairs import store_name
+from viasd.tracking.proof import CHAIN_KEY
 from viasd.tracking.results import publish
 from viasd.tracking.store import RunStores
 from viasd.utils.fs import atomic_write_bytes, json_text
@@ -48,12 +49,14 @@ def _sha(data: bytes) -> str:
 
 def rebuilt_artifact(folder: Path) -> bytes | None:
     """The mask artifact a finished DIMR search run wrote, rebuilt from its folder: the summary (less
-    :data:`SUMMARY_ONLY`), the search config and the trials (``examples.jsonl``), written as the
+    :data:`SUMMARY_ONLY`), the search config and the trials (``examples.jsonl``, less the store's checksum
+    chain links), written as the
     search writes it. None unless the bytes hash to the summary's ``mask_sha256`` (e.g. a
     :class:`SearchConfig` field added since the search ran)."""
     summary = json.loads((folder / "summary.json").read_text())
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    trials = [json.loads(line) for line in (folder / "examples.jsonl").read_text().splitlines() if line.strip()]
+    trials = [{k: v for k, v in json.loads(line).items() if k != CHAIN_KEY}  # the store's link, not the trial's
+              for line in (folder / "examples.jsonl").read_text().splitlines() if line.strip()]
     art: dict[str, Any] = {k: v for k, v in summary.items() if k not in SUMMARY_ONLY}
     art["config"] = asdict(to_dataclass(SearchConfig, config.get("search") or {}, where="search"))
     art["trials"] = trials

@@ -1,8 +1,8 @@
 """Dry run of a run or an exp grid: what each cell would load and read, without downloading.
 
-``python -m experiments.run +exp=NAME scale=paper dry_run=true`` (the grid callback,
-:mod:`viasd.harness.grid`) or a single run with ``dry_run=true`` calls :func:`dry_run`, which
-prints, per composed cell:
+``python -m experiments.run +exp=NAME scale=paper dry_run=true`` (the grid callback, :mod:`viasd.harness.grid`)
+or a single run with ``dry_run=true`` calls :func:`dry_run`, which runs every task's ``preflight()`` once (the
+sandbox check of code tasks, printed before the cells) and prints, per composed cell:
 
 * the models (hub id, revision, dtype, device / device map) with a memory estimate each —
   parameter counts come from :data:`KNOWN_PARAMS` (the paper pairs), a local ``config.json``
@@ -10,9 +10,7 @@ prints, per composed cell:
 * the data: source (``auto`` resolved to ``local`` or ``hub``), hub revision or offline file,
   rows available and the subset taken; DIMR/KL cells list their calibration texts;
 * the slim verifier's mask source (:mod:`viasd.harness.prereq`) of every cell that routes one;
-* whether the run already finished (it would be skipped);
-
-and, once before the cells, every task's ``preflight()`` (the sandbox check of code tasks).
+* whether the run already finished (skipped); after the cells, its GPU-hours (:mod:`viasd.harness.gpu_hours`);
 
 It stops with one ConfigError line on an inconsistency: an unknown model (no parameter count,
 no local config), a gated model without a Hugging Face token while the hub is reachable, or
@@ -40,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from viasd.dimr.calibration import resolve_runs
 from viasd.dimr.memory import cell_peak
 from viasd.errors import ConfigError
+from viasd.harness.gpu_hours import gpu_kind, print_gpu_hours
 from viasd.harness.model_sizes import (  # noqa: F401  (KNOWN_PARAMS, GATED re-exported)
     BYTES,
     GATED,
@@ -354,7 +353,7 @@ def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False, la
     ``strict``, after the summary if any cell does not fit the visible GPUs. ``launcher``: the
     composed ``hydra.launcher`` node the SLURM sizes are read from (:func:`slurm_node`)."""
     plans: list[CellPlan] = []
-    gpus = visible_gpus_gib()
+    gpus, kind = visible_gpus_gib(), gpu_kind()  # an unknown VIASD_DRYRUN_GPU_KIND stops before the plan
     gpu_gib, node_gpus = slurm_node(launcher)
     print(f"[viasd] dry run of {name}: {len(cells)} runs; visible GPUs: "
           + (", ".join(f"{g:.0f} GiB" for g in gpus) if gpus else "none"))
@@ -373,6 +372,7 @@ def dry_run(cells: list[DictConfig], name: str = "run", strict: bool = False, la
     said = Counter(n for p in plans for n in p.notes)
     for i, plan in enumerate(plans, 1):
         _print_plan(i, len(cells), plan, said)
+    print_gpu_hours(cells, plans, kind, _data_line)  # roofline estimate per cell and for the grid
     todo = sum(not p.finished for p in plans)
     peak = max((p.need_gib for p in plans), default=0.0)
     for line in pair_summary(plans, gpu_gib, node_gpus):

@@ -11,13 +11,9 @@ planned memory into ``gpus_per_node``/``mem_gb``, :func:`node_problem` says when
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from viasd.errors import ConfigError
-
-if TYPE_CHECKING:
-    from viasd.harness.dryrun import CellPlan
-
 
 SLURM_GPU_GIB = 80.0  # GiB per GPU a SLURM job is sized for (hydra.launcher.gpu_gib of viasd_slurm)
 NODE_GPUS = 8  # GPUs of one node: a job never spans more (hydra.launcher.node_gpus of viasd_slurm)
@@ -68,11 +64,12 @@ def node_problem(need_gib: float, gpu_gib: float = SLURM_GPU_GIB, node_gpus: int
             "(hydra.launcher.node_gpus); size for larger GPUs (hydra.launcher.gpu_gib) or larger nodes")
 
 
-def pair_summary(plans: list[CellPlan], gpu_gib: float = SLURM_GPU_GIB, node_gpus: int = NODE_GPUS) -> list[str]:
-    """One line per pair (in plan order): how many of its cells fit and how many do not, the
+def pair_summary(plans: list[Any], gpu_gib: float = SLURM_GPU_GIB, node_gpus: int = NODE_GPUS) -> list[str]:
+    """One line per pair (in plan order) of the dry run's plans (:class:`viasd.harness.dryrun.CellPlan`):
+    how many of its cells fit and how many do not, the
     largest memory a cell of it needs, and the SLURM job that holds it (:func:`job_resources`), or
     that no node of ``node_gpus`` GPUs does (:func:`node_problem`)."""
-    by_pair: dict[str, list[CellPlan]] = {}
+    by_pair: dict[str, list[Any]] = {}
     for p in plans:
         by_pair.setdefault(p.label.split("/", 1)[0], []).append(p)
     lines = []

@@ -113,7 +113,7 @@ def oracle_policies(policies: list[Policy]) -> list[Policy]:
     out: dict[tuple, Policy] = {}
     for p in policies:
         if p.method == "via_sd" and p.cfg.gate != "oracle":
-            key = (slim_key(p.cfg.slim), p.cfg.drafter.name, p.cfg.gamma)
+            key = (">".join(slim_key(s) for s in p.cfg.slims()), p.cfg.drafter.name, p.cfg.gamma)  # a hierarchy: all
             out.setdefault(key, Policy("via_sd", dataclasses.replace(p.cfg, gate="oracle"),
                                        f"via_sd oracle slim={key[0]} drafter={key[1]} gamma={key[2]}"))
     if not out:

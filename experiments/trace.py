@@ -101,7 +101,7 @@ def pair_config(stored: dict[str, Any], overrides: dict[str, Any] | None = None)
 def own_models(method: dict[str, Any]) -> tuple[list[SlimConfig], list[Any], list[float]]:
     """The slim mask, ``self`` plans and gate temperature the run's own method reads."""
     cfg = method_config(method["name"], method)
-    slims = [cfg.slim] if hasattr(cfg, "slim") else []
+    slims = cfg.slims() if hasattr(cfg, "slims") else [cfg.slim] if hasattr(cfg, "slim") else []  # every verifier
     drafter = getattr(cfg, "drafter", None)
     names = {drafter.name} if drafter is not None else set()
     for lv in getattr(cfg, "levels", None) or []:

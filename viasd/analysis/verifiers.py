@@ -1,8 +1,8 @@
-"""VIA-SD's trace world: the slim verifier's gate values, priced passes and tier 3, read from a run's traces.
+"""VIA-SD's trace world: the routed verifiers' gate values, priced passes and tier 3, read from a run's traces.
 
 :class:`VerifiersTrace` is the trace side of :func:`~viasd.methods.via_sd.via_rounds` (the live side:
-:class:`~viasd.methods.via_sd.LiveVerifiers`): the gate values :func:`~viasd.core.tiers.route_positions`
-reads come from the traces (:func:`_gate`), the slim and full passes are priced by the cost model, and the
+:class:`~viasd.methods.via_sd.LiveVerifiers`): the gate values :func:`~viasd.core.tiers.route_levels`
+reads come from the traces (:func:`_gate`, each verifier's from its own trace file), the slim and full passes are priced by the cost model, and the
 full model's verdict is its traced greedy tokens.
 """
 
@@ -15,15 +15,19 @@ from viasd.analysis.gates import check_gate, learned_values, oracle_values
 from viasd.analysis.sim import Model, greedy_verify
 from viasd.analysis.trace import layers_key, slim_key
 from viasd.analysis.traces import Episode
-from viasd.core.tiers import END, ESCALATE, escalate_at_once, route_positions
+from viasd.core.tiers import END, ESCALATE, Level, escalate_at_once, route_levels
 from viasd.engine.drafters import Proposal
 from viasd.engine.gate_file import load_gate
 from viasd.engine.result import Counters
 from viasd.engine.rounds import Audit, token_tiers
+from viasd.methods.via_sd import slim_name
 
 
-def _gate(ep: Episode, slim: Model, slim_spec: str, t: int, y: list[int], sources, cfg) -> dict[str, Any]:
-    """The gate values :func:`route_positions` reads, from the traces (see the module docstring)."""
+def _gate(ep: Episode, slim: Model, slim_spec: str, t: int, y: list[int], sources, cfg,
+          tau_accept: float | None = None) -> dict[str, Any]:
+    """The gate values :func:`route_positions` reads, from the traces (see the module docstring);
+    ``tau_accept``: this verifier's (default: the method's), for the undetermined count."""
+    tau_accept = cfg.tau_accept if tau_accept is None else tau_accept
     temp, tr = float(cfg.gate_temperature), ep.traces
     rows = ep.traj.rows(t, y)
     conf_row = slim.rows.max_prob(temp)
@@ -45,7 +49,7 @@ def _gate(ep: Episode, slim: Model, slim_spec: str, t: int, y: list[int], source
         if cfg.agreement == "slim_rel":  # q̂'(y) / max q̂' (q̂'(y) is min(1, q̂'(y)/1) for a lookup token)
             value = (value if src is None else float(tr.ratio(ep.i, _spec(src[0], cfg), slim_spec, temp)[1][r])) / conf[j]
         if not exact:  # a token outside the slim verifier's top-k: agreement 0 (its upper bound was `value`)
-            undetermined += value >= cfg.tau_accept
+            undetermined += value >= tau_accept
             value = 0.0
         s.append(value)
         draft_conf.append(p)
@@ -76,22 +80,31 @@ def _resume_price(ep: Episode, cfg, meta: dict[str, Any]):
 
 
 class VerifiersTrace:
-    """VIA-SD's replay world: an :class:`Episode` plus the slim verifier's trace, priced streams and gate —
-    the trace side of :func:`~viasd.methods.via_sd.via_rounds` (live: :class:`~viasd.methods.via_sd.LiveVerifiers`)."""
+    """VIA-SD's replay world: an :class:`Episode` plus the routed verifiers' traces (cheapest first), priced
+    streams and gate — the trace side of :func:`~viasd.methods.via_sd.via_rounds` (live:
+    :class:`~viasd.methods.via_sd.LiveVerifiers`)."""
 
     def __init__(self, ep: Episode, cfg):
         self.ep, self.cfg = ep, cfg
-        self.spec = spec = slim_key(cfg.slim)
-        f = ep.traces.file(spec)
-        slim_cost = ("intermediate", None) if f.meta["role"] in ("intermediate", "draft") else ("target",
-                                                                                              f.meta["n_layers"])
-        self.target_stream, self.slim_stream = ep.stream("target"), ep.stream("slim", *slim_cost)
-        self.resume = _resume_price(ep, cfg, f.meta)  # an escalation after a slim pass: the layers past the prefix
-        self.slim = ep.model(spec, "slim")
-        self.knobs = cfg.gate_knobs()
+        slims = cfg.slims()
+        self.specs = [slim_key(s) for s in slims]
+        self.spec = self.specs[0]
+        self.slim_streams = []
+        for j, spec in enumerate(self.specs):
+            f = ep.traces.file(spec)
+            slim_cost = ("intermediate", None) if f.meta["role"] in ("intermediate", "draft") else ("target",
+                                                                                                  f.meta["n_layers"])
+            if j == 0:
+                self.target_stream = ep.stream("target")
+                self.resume = _resume_price(ep, cfg, f.meta) if len(slims) == 1 else None  # a hierarchy: own caches
+            self.slim_streams.append(ep.stream(slim_name(j), *slim_cost))
+        self.slim_stream = self.slim_streams[0]
+        self.slims = [ep.model(spec, slim_name(j)) for j, spec in enumerate(self.specs)]
+        self.slim = self.slims[0]
+        self.knobs, self.bands = cfg.route_knobs(), cfg.bands()
         self.gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
         if self.gate is not None:
-            check_gate(self.gate, ep.traces, spec)
+            check_gate(self.gate, ep.traces, self.spec)
         self.sources: list = []
         self.slim_ran = False
 
@@ -113,22 +126,31 @@ class VerifiersTrace:
         return Proposal(y, None, None, y)
 
     def route(self, proposal: Proposal, unverified: int, run: int):
-        """The gate values from the traces, the routing decision, and the slim pass's price when it ran."""
+        """The gate values from the traces (a deeper verifier's only when a position climbs to it), the routing
+        decision, and the passes' prices of the verifiers that ran."""
         ep, cfg, t, y = self.ep, self.cfg, self.ep.t, proposal.tokens
-        g = _gate(ep, self.slim, self.spec, t, y, self.sources, cfg)
-        top = self.slim.argmaxes(g["rows"])  # the slim verifier's greedy tokens: its rewrite at i, its bonus at k
-        if self.gate is not None:
-            p_spec = _spec("draft" if cfg.drafter.name == "model" else "self", cfg)
-            g["s"], g["conf"] = learned_values(ep, self.gate, self.slim, p_spec, self.spec, y, g, run,
-                                               float(cfg.gate_temperature))
-        elif cfg.gate == "oracle":
-            g["s"], g["conf"] = oracle_values(ep, self.slim, y, g["rows"])
-        route = route_positions(g["s"], g["conf"], y, top.__getitem__, lambda top=top: top[-1],
-                                unverified=unverified, slim_top=top[:-1], draft_conf=g["draft_conf"], **self.knobs)
+        first: dict = {}
+
+        def level(j: int) -> Level:
+            g = _gate(ep, self.slims[j], self.specs[j], t, y, self.sources, cfg, self.bands[j].tau_accept)
+            top = self.slims[j].argmaxes(g["rows"])  # the verifier's greedy tokens: its rewrite at i, its bonus at k
+            if j == 0 and self.gate is not None:
+                p_spec = _spec("draft" if cfg.drafter.name == "model" else "self", cfg)
+                g["s"], g["conf"] = learned_values(ep, self.gate, self.slim, p_spec, self.spec, y, g, run,
+                                                   float(cfg.gate_temperature))
+            elif cfg.gate == "oracle":  # every verifier: the cheapest whose token is the target's commits it
+                g["s"], g["conf"] = oracle_values(ep, self.slims[j], y, g["rows"])
+            first.update(g if j == 0 else {})
+            return Level(g["s"], g["conf"], top.__getitem__, lambda top=top: top[-1], top[:-1])
+
+        cheapest = level(0)
+        route = route_levels(lambda j: cheapest if j == 0 else level(j), y, self.bands, unverified=unverified,
+                             draft_conf=first["draft_conf"], **self.knobs)
         if cfg.gate == "oracle" and route.action in (ESCALATE, END):  # the slim verifier cannot commit what the
             return escalate_at_once()  # target would this round: sd's round, no slim pass
         self.slim_ran = True
-        self.slim_stream.call(t, y, last=len(y) + 1)
+        for j in range(route.levels_run):
+            self.slim_streams[j].call(t, y, last=len(y) + 1)
         return route
 
     def escalate(self, proposal: Proposal, route, y_host, audit: Audit | None):

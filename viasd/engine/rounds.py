@@ -37,11 +37,14 @@ def token_tiers(route: Route, n_tokens: int) -> list[int]:
     return (tiers + [rest] * n_tokens)[:n_tokens]
 
 
-def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int], full_accepted: int) -> int:
+def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int], full_accepted: int,
+                depth: int = 1) -> int:
     """Add one VIA-SD round to the counters; returns the drafted tokens emitted as drafted.
 
     ``drafted``: the block ``y``; ``tokens``: what the round emits; ``full_accepted``: draft
-    tokens the full model accepted after an escalation (0 otherwise).
+    tokens the full model accepted after an escalation (0 otherwise). ``depth`` > 1 (a hierarchy of
+    routed verifiers): the ``tier*`` counters count every verifier together, and
+    ``verifier{j}/accepted|kept|regenerated|bonus|passes`` count verifier ``j``'s own decisions and passes.
     """
     k, kept = len(drafted), emitted_as_drafted(drafted, tokens)
     routed_to = route.verify_from if route.action == ESCALATE else route.accepted  # positions the round's gate kept
@@ -59,11 +62,26 @@ def count_round(c: Counters, route: Route, drafted: list[int], tokens: list[int]
         c.bump("slim_bonus")
     c.bump("tier2_kept", slim_kept)
     c.bump("tier1_accepted", routed_to - slim_kept)
+    if depth > 1:
+        count_verifiers(c, route, routed_to)
     c.rounds += 1
     c.drafted += k
     c.accepted += kept
     c.rejected += k - kept
     return kept
+
+
+def count_verifiers(c: Counters, route: Route, routed_to: int) -> None:
+    """A hierarchy's per-verifier counters of one round (see :func:`count_round`)."""
+    for st in route.steps:
+        if st.position < routed_to:
+            c.bump(f"verifier{st.level}/{'accepted' if st.tier == 1 else 'kept'}")
+    if route.action == REWRITE:
+        c.bump(f"verifier{route.level}/regenerated")
+    elif route.action == BONUS:
+        c.bump(f"verifier{route.level}/bonus")
+    for j in range(route.levels_run):
+        c.bump(f"verifier{j + 1}/passes")
 
 
 def count_levels(c: Counters, levels: list[int], accepted: int) -> dict:

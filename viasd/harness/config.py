@@ -59,6 +59,8 @@ IDENTITY_UNSET: dict[str, Any] = {
     "method.gate": "thresholds",
     "method.gate_path": None,
     "method.gate_threshold": 0.5,
+    # A hierarchy of routed verifiers (issue 61): without a list, method.slim is the one verifier every older run used.
+    "method.verifiers": [],
     "search.margin_alpha": 0.5,
     "search.margin_beta": 0.3,
     # DIMR search: sub-layer space, in-domain calibration, held-out split, confident top-1, streaming bounds.

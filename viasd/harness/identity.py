@@ -77,6 +77,14 @@ def input_files(cfg: DictConfig) -> dict[str, Path]:
                 files["method.slim.mask"] = found[1]
         elif mask.endswith(".json"):
             files["method.slim.mask"] = Path(mask).expanduser().resolve()
+    for j, v in enumerate(OmegaConf.select(cfg, "method.verifiers", default=None) or []):  # a hierarchy's masks
+        mask, _, keep = str(v.get("mask")).partition("@")
+        keep = v.get("keep_ratio") or keep or (slim or {}).get("keep_ratio", 0.8)
+        found = find_mask(store_name(OmegaConf.to_container(cfg.pair, resolve=True)), float(keep),
+                          str(v.get("objective", "kl")), str(v.get("space", "layers"))) \
+            if mask == "auto" and str(keep).replace(".", "", 1).isdigit() else None  # a bad KEEP: validate() says so
+        if found is not None or mask.endswith(".json"):
+            files[f"method.verifiers.{j}.mask"] = found[1] if found is not None else Path(mask).expanduser().resolve()
     method = cfg.get("method")
     if isinstance(method, DictConfig) and method.get("gate_path"):  # a learned VIA-SD gate (method.gate=learned)
         files["method.gate_path"] = Path(str(method.gate_path)).expanduser().resolve()
@@ -160,12 +168,14 @@ def slim_mask_used(pair, mcfg: Any, inputs: dict[str, str]) -> dict[str, Any] | 
 
     ``sha256`` is the mask artifact's file hash when one is read, else the hash of the layer list.
     """
-    slim = getattr(mcfg, "slim", None)
+    slim, key = getattr(mcfg, "slim", None), "method.slim.mask"
     if slim is None:
         return None
+    if getattr(mcfg, "verifiers", None):  # a hierarchy: its cheapest verifier (every one's file is among the inputs)
+        slim, key = mcfg.slims()[0], "method.verifiers.0.mask"
     _, plan, desc = resolve_plan(pair, slim)
     layers = plan.spec() if plan is not None else None
-    sha = inputs.get("method.slim.mask") if ("dimr" in desc or "file" in desc) else None
+    sha = inputs.get(key) if ("dimr" in desc or "file" in desc) else None
     return {"layers": layers, "source": desc,
             "sha256": sha or layers_sha256(layers)}
 

@@ -2,14 +2,14 @@
 
 This module owns the method loop (:func:`via_rounds`, written once for live models — :class:`LiveVerifiers` —
 and for trace replay — :class:`viasd.analysis.replay.VerifiersTrace`) and its knobs; the routing itself is the
-pure function :func:`~viasd.core.tiers.route_round`. One round:
+pure function :func:`~viasd.core.tiers.route_levels`. One round:
 
 1. **Draft** ``γ`` tokens ``y_1..y_γ`` with ``p`` (the drafter also keeps its raw logits).
 2. **Slim pass**: one forward of ``q'`` (the target routed through a layer or sub-layer mask)
    over what it has not cached plus the block → raw logits at ``γ + 1`` positions. Skipped when
    no outcome of the round depends on it (tiers off, an empty block, a forced escalation at
    position 0: :func:`~viasd.core.tiers.escalates_at_start`).
-3. **Route** (:func:`~viasd.core.tiers.route_round`): the gate reads
+3. **Route** (:func:`~viasd.core.tiers.route_levels`): the gate reads
    ``p̂ = softmax(draft logits / T_g)`` and ``q̂' = softmax(slim logits / T_g)``
    (``gate_temperature``, default 1). Agreement ``s_i`` (``min(1, q̂'(y_i)/p̂(y_i))`` or
    ``1 − TV``): ``s_i ≥ τ_accept`` → tier 1 (accept, continue); ``τ_escalate ≤ s_i < τ_accept``
@@ -21,6 +21,10 @@ pure function :func:`~viasd.core.tiers.route_round`. One round:
    first skipped sub-layer (:class:`~viasd.engine.stream.SharedPrefix`).
 5. **Commit**; each cache rolls back to its own valid length (the
    :class:`~viasd.engine.stream.Stream` helper); the full model may lag behind.
+
+**A hierarchy** (``verifiers``, ``docs/method.md §5c``): an ordered list of routed verifiers, cheapest first,
+each with its own mask and bands; a position climbs it until a verifier accepts or rewrites it, else the target
+decides (:class:`VerifierConfig`; the ``verifier{j}/*`` counters). Without a list, ``slim`` is the one verifier.
 
 **Other gates** (``gate``, ``docs/method.md §3b``): ``learned`` replaces the bands by a trained model's
 probability that the slim verifier's token is the target's (:mod:`viasd.core.gate`, a file of
@@ -61,46 +65,35 @@ import torch
 from viasd.core.gate import dense_gate_features, learned_gate_values, next_run
 from viasd.core.rules import verify_block, verify_greedy
 from viasd.core.sampling import probs_from_logits
-from viasd.core.tiers import ESCALATE, escalate_at_once, escalates_at_start, gate_distribution, route_round
-from viasd.dimr.masks import SPACES, verifier_streams
+from viasd.core.tiers import (
+    ESCALATE,
+    Band,
+    Level,
+    escalate_at_once,
+    escalates_at_start,
+    gate_distribution,
+    read_level,
+    route_levels,
+)
+from viasd.dimr.masks import SPACES, slim_stream, verifier_streams
 from viasd.engine.drafters import DrafterConfig, make_drafter, refuse_hidden
 from viasd.engine.gate_file import load_gate
 from viasd.engine.result import Counters, DecodeResult, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
+from viasd.engine.stream import Stream
 from viasd.engine.syncs import to_host
 from viasd.engine.world import LiveWorld
 from viasd.errors import ConfigError
 from viasd.methods.registry import register_method
+from viasd.methods.via_sd_verifiers import SlimConfig, VerifierConfig, check_hierarchy
 
 AGREEMENTS = ("ratio", "tv", "slim_rel")
 GATES = ("thresholds", "learned", "oracle")
 
 
 @dataclass
-class SlimConfig:
-    """Which slim verifier ``q'`` to use.
-
-    ``mask``: ``auto`` (the searched DIMR mask for this pair, ``keep_ratio`` and ``space``), a
-    path to a mask artifact, an explicit list of kept layers or ``{attn: [...], mlp: [...]}``
-    (kept sub-layers), or an ablation: ``random`` (seeded, same budget), ``first_k`` (early
-    exit), ``every_other``, ``independent`` (the pair's intermediate model), ``full`` (the
-    target itself). ``space``: ``layers`` or ``sublayers`` (the search space of ``auto`` and of
-    the ablations; budgets count parameters read per token). ``share_prefix``: the slim and the
-    full pass share the KV cache and hidden states of every sub-layer before the first one the
-    mask skips, and an escalation resumes the full model there (same tokens; off: separate caches).
-    """
-
-    mask: Any = "auto"  # auto | path.json | [layers] | random | first_k | every_other | independent | full
-    keep_ratio: float = 0.8  # kept share of the target (small models are fragile: docs/results.md, SmolLM2 masks)
-    objective: str = "kl"
-    seed: int = 0
-    space: str = "layers"
-    share_prefix: bool = True
-
-
-@dataclass
 class VIASDConfig:
-    """Every VIA-SD knob (bands of :func:`~viasd.core.tiers.route_round`)."""
+    """Every VIA-SD knob (bands of :func:`~viasd.core.tiers.route_levels`)."""
 
     gamma: int = 4
     tau_accept: float = 0.8  # tier 1 when s_i >= tau_accept (> 1: off)
@@ -120,6 +113,32 @@ class VIASDConfig:
     audit: bool = True  # escalations also check the tokens the full model never verified (audit/* counters)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     slim: SlimConfig = field(default_factory=SlimConfig)
+    # A hierarchy of routed verifiers, cheapest first (empty: the one verifier method.slim), e.g.
+    # method.verifiers=[{mask: every_other, tau_slim: 0.3}, {mask: first_k@0.75, tau_slim: 0.05}]
+    verifiers: list[VerifierConfig] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        """How many routed verifiers sit below the target (1: ``method.slim``)."""
+        return max(1, len(self.verifiers))
+
+    def slims(self) -> list[SlimConfig]:
+        """The routed verifiers, cheapest first, as :class:`SlimConfig` s (``[method.slim]`` without a list)."""
+        if not self.verifiers:
+            return [self.slim]
+        return [v.slim(float(self.slim.keep_ratio)) for v in self.verifiers]
+
+    def bands(self) -> list[Band]:
+        """Each verifier's :class:`~viasd.core.tiers.Band` (a learned or oracle gate: its own bands, depth 1)."""
+        knobs = self.gate_knobs()
+        if not self.verifiers or self.gate != "thresholds":  # the oracle's bands at every depth
+            return [Band(knobs["tau_accept"], knobs["tau_slim"], knobs["tau_escalate"])] * self.depth
+        pick = lambda v, k: float(getattr(self, k) if getattr(v, k) is None else getattr(v, k))  # noqa: E731
+        return [Band(pick(v, "tau_accept"), pick(v, "tau_slim"), pick(v, "tau_escalate")) for v in self.verifiers]
+
+    def route_knobs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~viasd.core.tiers.route_levels` (bands and ``unverified`` aside)."""
+        return {k: v for k, v in self.gate_knobs().items() if not k.startswith("tau_")}
 
     def validate(self) -> None:
         if int(self.gamma) < 1:
@@ -156,6 +175,8 @@ class VIASDConfig:
             raise ConfigError(f"slim.keep_ratio must be in (0, 1] (got {self.slim.keep_ratio})")
         if self.slim.space not in SPACES:
             raise ConfigError(f"slim.space must be one of {SPACES} (got {self.slim.space!r}); set method.slim.space")
+        if self.verifiers:
+            check_hierarchy(self)
 
     def gate_knobs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`~viasd.core.tiers.route_positions` for this gate (``unverified`` aside):
@@ -174,7 +195,7 @@ class VIASDConfig:
         """Whether tier 1 or tier 2 can ever fire (otherwise no slim pass is needed)."""
         if self.gate != "thresholds":
             return True
-        return self.tau_accept <= 1 or (self.tau_slim <= 1 and self.tau_escalate <= 1)
+        return any(b.tau_accept <= 1 or (b.tau_slim <= 1 and b.tau_escalate <= 1) for b in self.bands())
 
     def slim_needed(self, k: int, unverified: int) -> bool:
         """Whether a round of ``k`` drafted tokens after ``unverified`` unseen ones can depend on the
@@ -210,7 +231,7 @@ def via_rounds(world, drafter, cfg: VIASDConfig) -> None:
     """VIA-SD's rounds until ``world`` is done: the algorithm once, for live models and for a trace.
 
     ``world`` is a :class:`~viasd.engine.world.World` with two more steps: ``route(proposal, unverified,
-    run)`` (the slim pass and :func:`~viasd.core.tiers.route_round`'s decision: live, :class:`LiveVerifiers`;
+    run)`` (the verifiers' passes and :func:`~viasd.core.tiers.route_levels`' decision: live, :class:`LiveVerifiers`;
     a trace, :class:`viasd.analysis.replay.VerifiersTrace`) and ``escalate(proposal, route, y_host, audit)``
     (tier 3: the full model verifies the rest as in ``sd``), plus ``host(proposal)`` (the drafted tokens on
     the host) and ``tail(n)`` (the last ``n`` committed tokens).
@@ -236,41 +257,59 @@ def via_rounds(world, drafter, cfg: VIASDConfig) -> None:
         tiers = token_tiers(route, len(tokens))
         emitted = world.commit(tokens, tiers)
         audit.commit(world.tail(emitted), tiers[:emitted], route.action == ESCALATE)
-        kept = count_round(c, route, y_host, tokens, n)
+        kept = count_round(c, route, y_host, tokens, n, cfg.depth)
         unverified = 0 if route.action == ESCALATE else unverified + emitted
         policy.update(k, kept)
         run = next_run(run, k, kept)
         world.record(RoundRecord(drafted=k, accepted=kept, emitted=emitted,
-                                 extra={"tier": route.steps[-1].tier, "action": route.action}))
+                                 extra={"tier": route.steps[-1].tier, "action": route.action,
+                                        **({"level": route.level} if cfg.depth > 1 else {})}))
     if cfg.audit:
         audit.finish(c)
 
 
 class LiveVerifiers(LiveWorld):
-    """VIA-SD's live world: the full target (``full``) and the slim verifier (``slim``) streams, sharing the
-    sub-layers before the mask's first skipped one; ``gate``: a learned gate (``None``: the bands)."""
+    """VIA-SD's live world: the full target (``full``) and the routed verifiers' streams (``slims``, cheapest
+    first; one verifier shares the sub-layers before its mask's first skipped one with the target);
+    ``gate``: a learned gate (``None``: the bands)."""
 
-    def __init__(self, pair, prompt_ids, gen, rng, full, slim, cfg: VIASDConfig, gate=None):
+    def __init__(self, pair, prompt_ids, gen, rng, full, slims: list, cfg: VIASDConfig, gate=None):
         super().__init__(pair, prompt_ids, gen, rng, target=full)
-        self.slim, self.cfg, self.gate = slim, cfg, gate
-        self.knobs = dict(cfg.gate_knobs(), agreement=cfg.agreement)
+        self.slims, self.cfg, self.gate = slims, cfg, gate
+        self.knobs, self.bands = cfg.route_knobs(), cfg.bands()
 
     def _block(self, proposal) -> torch.Tensor:
         return torch.cat([self.out.seq, proposal.tokens.view(1, -1)], 1)
 
     def route(self, proposal, unverified: int, run: int):
-        """One slim pass over the block (raw logits ``[k+1, V]``) and the routing decision."""
+        """The cheapest verifier's pass over the block (raw logits ``[k+1, V]``), the deeper ones' when a
+        position climbs to them, and the routing decision (:func:`~viasd.core.tiers.route_levels`)."""
         y, p, k, cfg, out = proposal.tokens, proposal.probs, len(proposal), self.cfg, self.out
-        raw = self.slim.logits(self._block(proposal), last=k + 1, host=out.ids)[0]  # [k+1, V]
+        block = self._block(proposal)
         p_gate = gate_distribution(proposal.logits, cfg.gate_temperature, fallback=p)
-        q_gate = gate_distribution(raw, cfg.gate_temperature)
-        values = None
-        if self.gate is not None:  # the learned gate's (s, conf); the bonus position keeps the slim confidence
-            prob = self.gate.probability(dense_gate_features(y, p_gate, q_gate, self.gate.topk, len(out.new), run))
-            s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
-            values = (s, conf + [float(q_gate[k].max())])
-        return route_round(y, p, probs_from_logits(raw, self.gen), p_gate, q_gate, self.rng, unverified=unverified,
-                           values=values, greedy=self.gen.temperature == 0, **self.knobs)
+        first: dict = {}
+
+        def level(j: int) -> Level:
+            raw = self.slims[j].logits(block, last=k + 1, host=out.ids)[0]  # [k+1, V]
+            q_gate = gate_distribution(raw, cfg.gate_temperature)
+            values = None
+            if self.gate is not None:  # the learned gate's (s, conf); the bonus position keeps the slim confidence
+                prob = self.gate.probability(dense_gate_features(y, p_gate, q_gate, self.gate.topk, len(out.new), run))
+                s, conf = learned_gate_values(prob, q_gate[:k].argmax(-1).tolist(), y.tolist())
+                values = (s, conf + [float(q_gate[k].max())])
+            lv, read = read_level(y, p, probs_from_logits(raw, self.gen), p_gate, q_gate, self.rng,
+                                  agreement=cfg.agreement, values=values, greedy=self.gen.temperature == 0,
+                                  slim_top=bool(self.knobs.get("tier1_needs_slim_argmax")),
+                                  draft_conf=j == 0 and bool(self.knobs.get("tier1_min_draft_confidence")),
+                                  with_draft=j == 0)
+            first.update(read if j == 0 else {})
+            return lv
+
+        cheapest = level(0)  # always runs (it reads the drafted tokens too: one host read)
+        route = route_levels(lambda j: cheapest if j == 0 else level(j), first["draft"], self.bands,
+                             unverified=unverified, draft_conf=first.get("draft_conf"), **self.knobs)
+        route.scores, route.confidence, route.draft = first["scores"], first["confidence"], first["draft"]
+        return route
 
     def escalate(self, proposal, route, y_host: list[int] | None, audit: Audit | None):
         return escalate(self.target, self._block(proposal), proposal.tokens, proposal.probs, route, y_host,
@@ -288,7 +327,7 @@ class LiveVerifiers(LiveWorld):
 def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
     t0 = time.perf_counter()
-    full, slim = verifier_streams(pair, prompt_ids, cfg.slim)  # sharing the sub-layers before the first skipped one
+    full, slims = verifiers(pair, prompt_ids, cfg)
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
     refuse_hidden(drafter, "via_sd")
     if cfg.gate == "oracle":
@@ -296,7 +335,24 @@ def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
                           "`python -m experiments.replay run=<ar run id> method=via_sd method.gate=oracle`")
     gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
     if gate is not None:
-        gate.check(pair.name, slim.plan.layers if slim.plan is not None else None)
-    world = LiveVerifiers(pair, prompt_ids, gen, rng, full, slim, cfg, gate)
+        gate.check(pair.name, slims[0].plan.layers if slims[0].plan is not None else None)
+    world = LiveVerifiers(pair, prompt_ids, gen, rng, full, slims, cfg, gate)
     via_rounds(world, drafter, cfg)
-    return world.result("via_sd", {**drafter.stats(), "slim": slim.stats}, t0)
+    return world.result("via_sd", {**drafter.stats(), **{slim_name(j): s.stats for j, s in enumerate(slims)}}, t0)
+
+
+def slim_name(j: int) -> str:
+    """The stream name of routed verifier ``j`` (0 = the cheapest): ``slim``, ``slim2``, ``slim3``, … (its
+    ``*_calls``/``*_tokens`` counters)."""
+    return "slim" if j == 0 else f"slim{j + 1}"
+
+
+def verifiers(pair, prompt_ids: torch.Tensor, cfg: VIASDConfig) -> tuple[Stream, list[Stream]]:
+    """The target's stream and the routed verifiers' (cheapest first) for one prompt ``[1, P]``: one verifier
+    as :func:`~viasd.dimr.masks.verifier_streams` builds it (a shared prefix); a hierarchy's each with its
+    own cache."""
+    if not cfg.verifiers:
+        full, slim = verifier_streams(pair, prompt_ids, cfg.slim)
+        return full, [slim]
+    return (Stream(pair.target, prompt_ids, "target"),
+            [slim_stream(pair, prompt_ids, s) for s in cfg.slims()])

@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -136,14 +137,20 @@ def _cell(v: Any, fmt: str = "{:.2f}") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
+def call_models(r: dict[str, Any]) -> list[str]:
+    """The models whose ``<model>_calls`` the "forward calls" column shows, in order: the target, every routed
+    verifier of a ``via_sd`` hierarchy (``slim``, ``slim2``, ``slim3``, …: cheapest first), the drafters."""
+    deeper = sorted(int(m.group(1)) for k in r if (m := re.fullmatch(r"slim(\d+)_calls", k)))
+    return ["target", "slim", *(f"slim{n}" for n in deeper), "draft", "self_draft"]
+
+
 def table(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         prec = {t: (f"{_cell(r.get(f'precision/tier{t}'))} [{_cell(r.get(f'precision/tier{t}_lo'))}, "
                     f"{_cell(r.get(f'precision/tier{t}_hi'))}] n={r.get(f'precision/tier{t}_n', 0)}")
                 for t in (1, 2)}
-        calls = " / ".join(f"{m} {_cell(r.get(f'{m}_calls'), '{:.0f}')}" for m in ("target", "slim", "draft", "self_draft")
-                           if r.get(f"{m}_calls"))
+        calls = " / ".join(f"{m} {_cell(r.get(f'{m}_calls'), '{:.0f}')}" for m in call_models(r) if r.get(f"{m}_calls"))
         rows.append([r["method"], calls, _cell(r.get("target_calls_per_token")), _cell(r.get("rejection_rate")),
                      " / ".join(_cell(r.get(f"tier_share/tier{t}"), "{:.0%}") for t in (1, 2, 3)),
                      prec[1], prec[2], _cell(r.get("divergences_per_100")),

@@ -19,7 +19,6 @@ from viasd.core.sampling import probs_from_logits, sample
 from viasd.engine.drafters import Drafter, DrafterConfig, Features, LengthPolicy, Proposal, make_drafter
 from viasd.engine.paths import head
 from viasd.engine.stream import Stream, start_sequence
-from viasd.errors import ConfigError
 from viasd.methods.api import decode
 from viasd.methods.sd import speculate
 from viasd.methods.via_sd import SlimConfig, VIASDConfig, via_sd
@@ -94,11 +93,17 @@ def test_features_are_handed_over_once():
     assert nxt.after(torch.ones(1, 2, 2), 6).start == 6
 
 
-def test_a_method_that_cannot_feed_features_says_so(monkeypatch):
+def test_via_sd_feeds_a_feature_drafter_each_position_once_in_order(monkeypatch):
+    """The target lags behind tier-1 commits: their features arrive with the next escalation, in order."""
     pair = tiny_pair("llama")
     ids = pair.encode(PROMPTS[0])
-    monkeypatch.setattr("viasd.methods.via_sd.make_drafter", lambda *a: ToyHeadDrafter(pair.target))
-    cfg = VIASDConfig(slim=SlimConfig(mask="every_other"))
-    with pytest.raises(ConfigError, match=r"method=via_sd does not feed the target's hidden states") as e:
-        via_sd(pair, ids, cfg, GEN, None)
-    assert "\n" not in str(e.value)
+    drafter = ToyHeadDrafter(pair.target)  # asserts every call's features start where the previous ones ended
+    monkeypatch.setattr("viasd.methods.via_sd.make_drafter", lambda *a: drafter)
+    cfg = VIASDConfig(tau_accept=0.0, max_unverified=4, slim=SlimConfig(mask="every_other"))
+    res = via_sd(pair, ids, cfg, GEN, None)
+    seq = torch.cat([start_sequence(pair.target, ids), torch.tensor([res.tokens])], 1)
+    with torch.inference_mode():
+        full = pair.target(input_ids=seq, output_hidden_states=True).hidden_states[-1]
+    got = torch.cat([f.hidden for f in drafter.seen], 1)
+    assert res.counters.tiers["tier1_accepted"] > 0 and got.shape[1] > ids.shape[1]
+    assert torch.allclose(got, full[:, :got.shape[1]], atol=1e-4)

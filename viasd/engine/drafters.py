@@ -19,8 +19,14 @@ round reuses), then the last committed position before each block and the block 
 accepted. Positions are absolute indices into the decoding sequence ``seq`` ``[1, L]``; after a round
 the target has not run on the last committed token (its correction or bonus), so ``start + m = L − 1``:
 a head fuses ``hidden[i]`` with the embedding of ``seq[i + 1]`` to predict what follows, EAGLE's input.
-The drafter keeps the features of earlier calls itself. ``via_sd`` and ``faster_cascades`` refuse such a
-drafter with one line for now (:func:`refuse_hidden`).
+The drafter keeps the features of earlier calls itself. ``faster_cascades`` hands them over the same way
+(its target scores every block). ``via_sd``'s target lags behind the committed tokens (tier-1/2 tokens are
+committed without it): their features arrive, in order, with the next escalation's forward, which runs the
+target over every committed token it has not seen, so ``start + m`` may then be well below ``L − 1``; a
+drafter drafts past the positions it has no features for on its own (``eagle``: the head's predicted
+features, :mod:`viasd.engine.eagle_drafter`), never on another model's hidden states. The target then
+runs its own forward (no shared prefix with the slim verifier). Replay has no hidden states: it has no
+such drafter.
 
 Minimal example (a toy feature-level drafter, see ``tests/test_drafter_seam.py``)::
 
@@ -331,13 +337,6 @@ def self_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> ModelDra
 def make_drafter(pair, prompt_ids: torch.Tensor, cfg: DrafterConfig) -> Drafter:
     """Build the configured drafter for one prompt."""
     return DRAFTERS.get(cfg.name)(pair, prompt_ids, cfg)
-
-
-def refuse_hidden(drafter: Drafter, method: str) -> None:
-    """One error line when ``method`` does not yet hand a ``needs_hidden`` drafter the verifier's features."""
-    if drafter.needs_hidden:
-        raise ConfigError(f"method={method} does not feed the target's hidden states to a drafter yet; "
-                          f"drafter {drafter.name!r} reads them: use method=sd (or cascade_sd)")
 
 
 class LengthPolicy:

@@ -22,7 +22,10 @@ A target token outside the reduced vocabulary gets probability 0: it is never pr
 **Chain drafting** (:func:`propose`): the head keeps its own one-layer KV cache of *true* slots
 (fed the target's features; :class:`HeadState`); a draft of ``k`` tokens runs ``k`` single-slot
 steps, each fed the previous step's output hidden state in place of the target's features (the
-head's own prediction of it), and is cropped away before the next round.
+head's own prediction of it), and is cropped away before the next round. Committed tokens whose
+target features do not exist yet (``via_sd`` commits tokens its slim verifier decided; the target catches up
+at the next escalation) are fed the same way, as *pending* slots, before the draft: the head runs on its own
+predicted features until the target's arrive, then re-feeds those positions as true slots.
 
 Saving and loading a head folder: :mod:`viasd.engine.eagle_io`.
 """
@@ -270,20 +273,24 @@ def extend(head: EagleHead, state: HeadState, features: torch.Tensor, tokens: to
 
 
 def propose(head: EagleHead, state: HeadState, features: torch.Tensor, tokens: torch.Tensor, k: int,
-            pick=None, stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+            pick=None, stop=None, pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Chain-draft ``k`` tokens.
 
     Feeds the new true slots (:func:`extend`; ``features`` ``[1, n, F·Ht]`` may be empty when the
-    state is current), then ``k − 1`` draft slots, each fed the previous output and the token just
-    drafted; the draft slots' cache entries are cropped by the next call.
+    state is current), then the ``pending`` committed tokens the target has not run on yet, then ``k − 1``
+    draft slots; a pending or draft slot is fed the previous slot's output in place of the target's features
+    (the head's own prediction of them) and its token. Pending and draft slots' cache entries are cropped by
+    the next call: once the target's features of those positions arrive they become true slots.
 
     Args:
         features: ``[1, n, F·Ht]`` target features of the positions not yet fed (``n ≥ 0``).
         tokens: ``LongTensor[1, n]`` the committed tokens one position after each of them (the last
-            one is the last committed token).
+            one is the last committed token, unless ``pending`` follows).
         k: tokens to draft (``≥ 1``).
         pick: ``logits [V] → LongTensor[]`` (default: argmax, i.e. greedy).
         stop: ``logits [V] → bool``: end the draft before a token after the first (e.g. low confidence).
+        pending: ``LongTensor[1, r]`` committed tokens after ``tokens`` whose positions' features the target has
+            not computed yet (``via_sd``'s tier-1/2 tokens; ``None``: none).
 
     Returns:
         ``(tokens, logits)``: ``LongTensor[k']`` and ``[k', V]`` logits over the target vocabulary
@@ -296,6 +303,9 @@ def propose(head: EagleHead, state: HeadState, features: torch.Tensor, tokens: t
     if state.last_out is None:
         raise RuntimeError("propose: the head has no true slot yet (feed the prompt's features first)")
     out, pos = state.last_out, state.true
+    for j in range(0 if pending is None else pending.shape[1]):  # the head's own features stand in
+        out = head.layer(out, pending[:, j:j + 1], torch.tensor([[pos]], device=out.device), None, state.cache)
+        pos += 1
     drafted, rows = [], []
     for j in range(k):
         logits = head.logits(out[0, -1])

@@ -7,6 +7,12 @@ one *true slot* per committed position whose features and next token are both kn
 ``k`` tokens (:func:`~viasd.engine.eagle.propose`) with the verifier's own sampling processors. A
 sequence that shrank or was rewritten crops the head's cache back to the slots still valid.
 
+Committed tokens the target has not run on yet (``via_sd`` commits tier-1/2 tokens its full model never saw;
+they reach the target at the next escalation, whose forward hands their features over) are fed as *pending*
+slots on the head's own predicted features — EAGLE's draft-time input — before the draft, and re-fed as true
+slots once the target's features arrive. The head never reads another model's hidden states (not the slim
+verifier's: that would change its input distribution).
+
 The decode seam hands the target's last-layer hidden states (``hidden_states[-1]``), so a head that reads
 other layers (EAGLE-3's low/mid/high fusion) is refused with one line; train ``features=last`` heads
 for decoding until the seam hands more layers.
@@ -92,12 +98,14 @@ class EagleDrafter(Drafter):
         self._take(features)
         have = 0 if self.hidden is None else self.hidden.shape[1]
         self.known = ids[: max(have, self.state.true + 1)]
-        if k <= 0 or L < 2 or have < L - 1:
+        upto = min(have, L - 1)  # true slots 0..upto−1; the committed tokens after seq[upto] are pending
+        if k <= 0 or L < 2 or max(upto, self.state.true) < 1:
             return Proposal.empty(seq, self.vocab)
         t0 = time.perf_counter()
         start = self.state.true
-        new_feats = self.hidden[:, start:L - 1]
-        new_tokens = seq[:, start + 1:L]
+        new_feats = self.hidden[:, start:upto]
+        new_tokens = seq[:, start + 1:upto + 1]
+        pending = seq[:, upto + 1:L] if upto + 1 < L else None
         greedy = gen.temperature == 0
         probs: list[torch.Tensor] = []
 
@@ -108,7 +116,7 @@ class EagleDrafter(Drafter):
 
         stop = (lambda logits: float(confidence(logits)) < min_confidence) if min_confidence > 0 else None
         with torch.no_grad():
-            tokens, logits = propose(self.head, self.state, new_feats, new_tokens, k, pick, stop)
+            tokens, logits = propose(self.head, self.state, new_feats, new_tokens, k, pick, stop, pending)
         self.known = ids[: max(have, self.state.true + 1)]
         self.stats_.calls += 1
         self.stats_.tokens += (L - 1 - start) + len(tokens)

@@ -62,9 +62,10 @@ class LiveWorld:
     """The live world: the target's :class:`Stream` over the committed sequence (:class:`Output`).
 
     ``target``: the target's stream when the method built it (``via_sd``: sharing a prefix with its slim
-    verifier). A drafter with ``needs_hidden`` gets the target's hidden states (:class:`Features`): the initial
-    sequence's from one pre-fill forward (kept in the target's cache), then those of every position
-    each verification accepted.
+    verifier). A drafter with ``needs_hidden`` (:meth:`attach`) gets the target's hidden states (:class:`Features`):
+    the initial sequence's from one pre-fill forward (kept in the target's cache), then, at each commit after a
+    target forward (:meth:`score`), those of every committed position the target has now run on — each position
+    once, in order, whatever method drives the world (``sd``, ``via_sd``'s escalations, ``faster_cascades``).
     """
 
     def __init__(self, pair, prompt_ids: torch.Tensor, gen, rng: torch.Generator | None, drafter: Drafter | None = None,
@@ -73,10 +74,36 @@ class LiveWorld:
         self.target = target if target is not None else Stream(pair.target, prompt_ids, "target")
         self.out = Output(start_sequence(pair.target, prompt_ids), gen, gen.eos_ids(pair), pair.tokenizer)
         self.counters, self.rounds = Counters(), []
-        self.features: Features | None = None
-        if drafter is not None and drafter.needs_hidden:
+        self.features: Features | None = None  # the positions not yet handed to the drafter (None: it reads none)
+        self._states: tuple[torch.Tensor, int] | None = None  # the last target forward's hidden states, first position
+        if drafter is not None:
+            self.attach(drafter)
+
+    def attach(self, drafter: Drafter) -> None:
+        """Feed ``drafter`` the target's hidden states if it reads them (``needs_hidden``): one pre-fill forward of
+        the target over the initial sequence ``[1, L]``, whose cache the first verification reuses."""
+        if drafter.needs_hidden and self.features is None:
             _, states = self.target.logits(self.out.seq, last=self.out.seq.shape[1], host=self.out.ids, hidden=True)
             self.features = Features(states, 0)
+
+    def handed(self) -> Features | None:
+        """The features to hand the drafter now (those since its previous call; ``None``: it reads none)."""
+        features = self.features
+        if features is not None:
+            self.features = Features(features.hidden[:, :0], features.end)
+        return features
+
+    def score(self, block: torch.Tensor, last: int, host: list[int] | None = None) -> torch.Tensor:
+        """The target's logits ``[1, last, V]`` at the last ``last`` positions of ``block`` ``[1, L]`` (one
+        forward). For a drafter with ``needs_hidden`` the forward also returns the hidden states from the first
+        position the drafter lacks (the target may lag behind the committed tokens: ``via_sd``), held until
+        :meth:`commit` knows which of them were committed."""
+        if self.features is None:
+            return self.target.logits(block, last=last, host=host)
+        rows = max(last, block.shape[1] - self.features.end)
+        logits, states = self.target.logits(block, last=rows, host=host, hidden=True)
+        self._states = (states, block.shape[1] - rows)
+        return logits[:, rows - last:]
 
     @property
     def done(self) -> bool:
@@ -88,22 +115,18 @@ class LiveWorld:
 
     def propose(self, drafter: Drafter, k: int, min_confidence: float) -> Proposal:
         out = self.out
-        return drafter.propose(out.seq, k, self.gen, self.rng, min_confidence, out.ids, self.features)
+        return drafter.propose(out.seq, k, self.gen, self.rng, min_confidence, out.ids, self.handed())
 
     def verify(self, proposal: Proposal) -> tuple[int, int, list[int]]:
         out, draft, k = self.out, proposal.tokens, len(proposal)
         block = torch.cat([out.seq, draft.view(1, -1)], 1)
-        hidden = self.features is not None
-        scored = self.target.logits(block, last=k + 1, host=out.ids, hidden=hidden)
-        logits, states = scored if hidden else (scored, None)
+        logits = self.score(block, k + 1, out.ids)
         q = probs_from_logits(logits[0], self.gen)
         if self.gen.temperature == 0:  # the round's one host sync: the verdict and the drafted tokens
             n, token, *drafted = to_host(torch.cat([verify_greedy(draft, q), draft]))
         else:
             n, token = verify_block(draft, proposal.probs, q, self.rng)
             drafted = proposal.host if proposal.host is not None else draft[:n].tolist()
-        if states is not None:  # verified: the last committed position before the block, and the n accepted
-            self.features = self.features.after(states[:, :n + 1], out.seq.shape[1] - 1)
         return n, token, drafted
 
     def next_token(self) -> int:
@@ -111,7 +134,14 @@ class LiveWorld:
         return to_host(sample(q, self.rng, self.gen.temperature == 0))  # one host sync per token: reading it
 
     def commit(self, tokens: list[int], tiers: list[int] | None = None) -> int:
-        return self.out.commit(tokens)
+        start = self.out.seq.shape[1]
+        emitted = self.out.commit(tokens)
+        if self._states is not None:  # the target ran on every committed token but the last (its correction/bonus)
+            states, first = self._states
+            end = start + min(len(tokens) - 1, emitted)  # one past the last committed position the target ran on
+            self.features = self.features.after(states[:, :max(0, end - first)], first)
+            self._states = None
+        return emitted
 
     def record(self, round: RoundRecord) -> None:
         self.rounds.append(round)

@@ -51,7 +51,7 @@ from viasd.harness.model_sizes import (  # noqa: F401  (KNOWN_PARAMS, GATED re-e
     model_params,
     visible_gpus_gib,
 )
-from viasd.harness.prereq import cell_mask_source, decode_refusal, not_ready, task_preflights
+from viasd.harness.prereq import decode_refusal, describe_masks, not_ready, task_preflights
 from viasd.harness.slurm_size import (  # noqa: F401  (re-exported: the launcher and tests size jobs here)
     NODE_GPUS,
     SLURM_GPU_GIB,
@@ -81,7 +81,7 @@ class CellPlan:
     data: list[str] = field(default_factory=list)
     finished: bool = False
     notes: list[str] = field(default_factory=list)
-    mask: str | None = None  # where the slim verifier's mask comes from (cells that route one)
+    mask: str | None = None  # where each routed verifier's mask comes from (one line each; cells that route one)
     memory_basis: str = f"weights x {OVERHEAD}"
     misfit: str | None = None  # why the cell cannot fit the visible GPUs (memory needed vs had); None: it fits
     refused: str | None = None  # why the runner would refuse the decode (decode_refusal); None: it would not
@@ -244,8 +244,7 @@ def plan_cell(cfg: DictConfig) -> CellPlan:
         plan.label = f"{pair['name']}/{'dimr_search' if entry == 'search' else 'kl_geometry'}"
         plan.data += _calibration(cfg)
     plan.models = _models(pair, dtype)
-    src = cell_mask_source(cfg)
-    plan.mask = src.describe() if src is not None else None
+    plan.mask = "\n".join(describe_masks(cfg)) or None
     plan.device = "cuda" if str(pair.get("device", "cpu")).startswith("cuda") else str(pair.get("device", "cpu"))
     weights = sum(m["gib"] for m in plan.models)
     plan.need_gib = weights * OVERHEAD
@@ -311,8 +310,8 @@ def _print_plan(i: int, total: int, plan: CellPlan, said: dict[str, int] | None 
     print(f"    memory       ~{plan.need_gib:.2f} GiB on {plan.device} ({plan.memory_basis})")
     for line in plan.data:
         print(f"    data         {line}")
-    if plan.mask:
-        print(f"    slim mask    {plan.mask}")
+    for line in (plan.mask or "").splitlines():  # one per routed verifier
+        print(f"    slim mask    {line}")
     for note in plan.notes:
         if said is None or said.get(note, 1) == 1:
             print(f"    note         {note}")

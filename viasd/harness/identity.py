@@ -103,19 +103,31 @@ def layers_sha256(layers: list[int] | None) -> str:
 
 def shipped_mask_input(cfg: DictConfig, inputs: dict[str, str]) -> dict[str, str]:
     """``{"method.slim.mask": sha256}`` of the pair-shipped layer list a ``method.slim.mask: auto``
-    resolves to when no mask artifact is cached (empty otherwise): the hash
+    resolves to when no mask artifact is cached (empty otherwise), and ``{"method.verifiers.J.mask": sha256}``
+    for each verifier ``J`` of a hierarchy (``method.verifiers``) whose ``auto`` mask does: the hash
     :func:`slim_mask_used` records, so a run's id follows the mask it reads, and runs that never
     read one keep their id when a pair config ships a new mask."""
-    slim = OmegaConf.select(cfg, "method.slim", default=None)
-    if slim is None or "method.slim.mask" in inputs or str(slim.get("mask")) != "auto" or \
-            str(slim.get("space", "layers")) != "layers" or str(slim.get("objective", "kl")) != "kl":
-        # pairs ship whole-layer masks of the KL objective only (viasd.dimr.masks.mask_source)
-        return {}
     shipped = OmegaConf.select(cfg, "pair.options.slim_layers", default=None) or {}
-    layers = shipped.get(f"{float(slim.get('keep_ratio', 0.5)):.2f}")
-    if layers is None:
-        return {}
-    return {"method.slim.mask": layers_sha256([int(i) for i in layers])}
+    slim = OmegaConf.select(cfg, "method.slim", default=None)
+    wanted: dict[str, tuple[Any, Any]] = {}  # config key -> (mask spec, keep ratio) of each routed verifier
+    if slim is not None:
+        wanted["method.slim.mask"] = (slim, slim.get("keep_ratio", 0.5))
+    for j, v in enumerate(OmegaConf.select(cfg, "method.verifiers", default=None) or []):
+        _, _, at = str(v.get("mask")).partition("@")  # NAME@KEEP, as VerifierConfig.slim reads it
+        wanted[f"method.verifiers.{j}.mask"] = (v, v.get("keep_ratio") or at or (slim or {}).get("keep_ratio", 0.8))
+    out: dict[str, str] = {}
+    for key, (spec, keep) in wanted.items():
+        if key in inputs or str(spec.get("mask")).partition("@")[0] != "auto" or \
+                (key == "method.slim.mask" and "@" in str(spec.get("mask"))) or \
+                str(spec.get("space", "layers")) != "layers" or str(spec.get("objective", "kl")) != "kl":
+            continue  # pairs ship whole-layer masks of the KL objective only (viasd.dimr.masks.mask_source)
+        try:
+            layers = shipped.get(f"{float(keep):.2f}")
+        except (TypeError, ValueError):  # a bad KEEP: VerifierConfig/validate() say so
+            continue
+        if layers is not None:
+            out[key] = layers_sha256([int(i) for i in layers])
+    return out
 
 
 def identity(cfg: DictConfig, entry: str | None = None) -> dict[str, Any]:

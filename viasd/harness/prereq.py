@@ -1,7 +1,7 @@
 """What the cells of a grid need before the first one starts, decided once from their configs.
 
-* **The slim verifier's mask** of every cell that routes one (``via_sd`` runs, KL cells):
-  :func:`cell_mask_source` says where it comes from (searched artifact, shipped layer list,
+* **The slim verifier's mask** of every cell that routes one (``via_sd`` runs, KL cells; each verifier of a
+  ``method.verifiers`` hierarchy): :func:`cell_mask_sources` says where it comes from (searched artifact, shipped layer list,
   the pair's named fallback, an explicit ablation or layer list, a mask file) without loading
   anything. ``mask: auto`` with none of those is a *search to run*: the grid stops before its
   first cell with the command that searches the mask (at ``scale=paper``, that pair's
@@ -32,10 +32,11 @@ from viasd.config import to_dataclass
 from viasd.dimr.masks import MaskSource, mask_source, no_mask_error
 from viasd.errors import ConfigError
 from viasd.methods.via_sd import SlimConfig
+from viasd.methods.via_sd_verifiers import VerifierConfig
 from viasd.models.pairs import store_name
 from viasd.tasks import build_task
 
-__all__ = ["Preflight", "cell_mask_source", "require_mask", "missing_masks", "task_preflights", "not_ready",
+__all__ = ["Preflight", "cell_mask_sources", "cell_mask_source", "describe_masks", "require_mask", "missing_masks", "task_preflights", "not_ready",
            "check_ready", "decode_refusal", "require_decodable"]
 
 
@@ -46,26 +47,52 @@ def _slim_node(cfg: DictConfig) -> DictConfig | None:
     return OmegaConf.select(cfg, "method.slim", default=None)
 
 
-def cell_mask_source(cfg: DictConfig) -> MaskSource | None:
-    """Where a composed cell's slim-verifier mask comes from (None: the cell routes no slim verifier)."""
+def cell_mask_sources(cfg: DictConfig) -> list[tuple[str, SlimConfig, MaskSource]]:
+    """``(config key, slim config, mask source)`` of every routed verifier of a composed cell, cheapest first:
+    ``method.slim`` alone, or each entry ``method.verifiers[J]`` of a ``via_sd`` hierarchy (as
+    :meth:`~viasd.methods.via_sd.VIASDConfig.slims` builds it); empty when the cell routes none."""
     node = _slim_node(cfg)
     if node is None:
-        return None
+        return []
     slim = to_dataclass(SlimConfig, OmegaConf.to_container(node, resolve=True), where="method.slim")
+    slims = [("method.slim", slim)]
+    verifiers = OmegaConf.select(cfg, "method.verifiers", default=None) or []
+    if verifiers and OmegaConf.select(cfg, "exp.entry", default="run") == "run":  # a KL cell reads method.slim
+        slims = [(f"method.verifiers[{j}]",
+                  to_dataclass(VerifierConfig, OmegaConf.to_container(v, resolve=True), where=f"method.verifiers[{j}]")
+                  .slim(float(slim.keep_ratio))) for j, v in enumerate(verifiers)]
     pair = OmegaConf.to_container(cfg.pair, resolve=True)
     name = store_name(pair)
     target_id = (pair.get("target") or {}).get("id")
     search_pair = f"hf pair.target.id={target_id}" if pair.get("name") == "hf" else name
-    return mask_source(name, pair.get("options"), slim, OmegaConf.select(cfg, "exp.scale"), search_pair)
+    scale = OmegaConf.select(cfg, "exp.scale")
+    return [(where, s, mask_source(name, pair.get("options"), s, scale, search_pair)) for where, s in slims]
+
+
+def cell_mask_source(cfg: DictConfig) -> MaskSource | None:
+    """Where a composed cell's slim-verifier mask comes from (None: the cell routes no slim verifier); of a
+    hierarchy, the first verifier's mask that is still a search to run, else the cheapest verifier's
+    (:func:`cell_mask_sources` has each)."""
+    sources = [src for _, _, src in cell_mask_sources(cfg)]
+    return next((s for s in sources if s.kind == "search"), sources[0] if sources else None)
+
+
+def describe_masks(cfg: DictConfig) -> list[str]:
+    """The dry run's "slim mask" lines of a cell: one (``method.slim``), or one per verifier of a hierarchy
+    (``v1 (method.verifiers[0]): shipped layer list: ...``)."""
+    sources = cell_mask_sources(cfg)
+    if len(sources) == 1 and sources[0][0] == "method.slim":
+        return [sources[0][2].describe()]
+    return [f"v{j} ({where}): {src.describe()}" for j, (where, _, src) in enumerate(sources, 1)]
 
 
 def require_mask(cfg: DictConfig) -> None:
-    """Raise the one-line ConfigError naming the search command when a cell's ``mask: auto`` has
-    nothing to read (called by the runner before any model is loaded)."""
-    src = cell_mask_source(cfg)
-    if src is not None and src.kind == "search":
-        slim = to_dataclass(SlimConfig, OmegaConf.to_container(cfg.method.slim, resolve=True), where="method.slim")
-        raise no_mask_error(store_name(OmegaConf.to_container(cfg.pair, resolve=True)), slim, src)
+    """Raise the one-line ConfigError naming the search command when a cell's ``mask: auto`` (any verifier's of a
+    hierarchy) has nothing to read (called by the runner before any model is loaded)."""
+    for where, slim, src in cell_mask_sources(cfg):
+        if src.kind == "search":
+            err = no_mask_error(store_name(OmegaConf.to_container(cfg.pair, resolve=True)), slim, src)
+            raise err if where == "method.slim" else ConfigError(f"{where}: {err}")
 
 
 def decode_refusal(cfg: DictConfig) -> str | None:
@@ -109,8 +136,7 @@ def missing_masks(cells: list[DictConfig]) -> dict[str, int]:
     """``{search command: cells waiting for it}`` of the cells whose ``mask: auto`` has nothing to read."""
     need: dict[str, int] = {}
     for cfg in cells:
-        src = cell_mask_source(cfg)
-        if src is not None and src.kind == "search":
+        for src in {src.detail: src for _, _, src in cell_mask_sources(cfg) if src.kind == "search"}.values():
             need[src.detail] = need.get(src.detail, 0) + 1
     return need
 
@@ -163,7 +189,7 @@ def not_ready(cells: list[DictConfig], preflights: list[Preflight] | None = None
     if need:
         n = sum(need.values())
         cmds = "; ".join(f"`{c}`" for c in need)
-        problems.append(f"{n} cell(s) use method.slim.mask=auto but no DIMR mask was searched for their pair and "
+        problems.append(f"{n} cell(s) use method.slim.mask=auto (or a verifier's) but no DIMR mask was searched for their pair and "
                         f"budget; search first: {cmds} (or ask for an ablation, e.g. method.slim.mask=every_other)")
     return " | ".join(problems) or None
 

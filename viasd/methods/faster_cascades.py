@@ -17,6 +17,10 @@ The public notebook drafts one token at a time; here blocks of ``γ ≥ 1`` are 
 (:func:`deferral_rounds`) is written once: decoding runs it over live models (:class:`LiveDeferral`),
 trace replay over a run's traces (:class:`viasd.analysis.deferral.DeferralTrace`).
 
+A drafter reading the target's hidden states (``drafter=eagle``) gets those of every committed position the
+target scored, once and in order (:meth:`~viasd.engine.world.LiveWorld.score`, handed over at the commit); the
+bonus position's extra proposal reads none (it drafts on the head's own features). Live decoding only.
+
 **Decisions vs. mixtures.** The rule's *decision* (confidences, accepted sets) is taken on the temperature-1 softmax of the raw logits — the logits of the drafter's proposal (a drafter
 without logits, e.g. ``ngram``, counts as its one-hot proposal, i.e. fully confident) and the
 target's — in greedy and sampling mode alike, as the authors' notebook does; ``π`` mixes the
@@ -42,7 +46,7 @@ from viasd.core.cascade_rules import RULES, target_distribution
 from viasd.core.rules import sd_accept_prob, sd_residual
 from viasd.core.sampling import probs_from_logits, sample
 from viasd.core.tiers import gate_distribution
-from viasd.engine.drafters import DrafterConfig, Proposal, make_drafter, refuse_hidden
+from viasd.engine.drafters import DrafterConfig, Proposal, make_drafter
 from viasd.engine.result import DecodeResult, RoundRecord
 from viasd.engine.world import LiveWorld
 from viasd.errors import ConfigError
@@ -142,7 +146,7 @@ class LiveDeferral(LiveWorld):
         self._scored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def propose(self, drafter, k: int, min_confidence: float) -> Proposal:
-        return drafter.propose(self.out.seq, k, self.gen, self.rng, min_confidence)
+        return drafter.propose(self.out.seq, k, self.gen, self.rng, min_confidence, features=self.handed())
 
     def pi_of(self, p: torch.Tensor, p1: torch.Tensor, q: torch.Tensor, q1: torch.Tensor) -> torch.Tensor:
         """``π`` ``[m, V]`` of the rule (counting ``deferred`` positions: ``π ≠ p`` before the greedy one-hot)."""
@@ -153,7 +157,7 @@ class LiveDeferral(LiveWorld):
     def defer(self, proposal: Proposal) -> Deferral:
         y, p, k = proposal.tokens, proposal.probs, len(proposal)
         block = torch.cat([self.out.seq, y.view(1, -1)], 1)
-        logits = self.target.logits(block, last=k + 1)[0]  # [k+1, V]
+        logits = self.score(block, k + 1)[0]  # [k+1, V] (and the target's hidden states for a drafter reading them)
         q, q1 = probs_from_logits(logits, self.gen), gate_distribution(logits)
         self._scored = (block, q, q1)
         return Deferral(y, p, self.pi_of(p, decision_probs(proposal), q[:k], q1[:k]), k)
@@ -183,6 +187,6 @@ def faster_cascades(pair, prompt_ids, cfg: FasterCascadesConfig, gen, rng) -> De
     t0 = time.perf_counter()
     world = LiveDeferral(pair, prompt_ids, gen, rng, cfg)  # the target's stream before the drafter's
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
-    refuse_hidden(drafter, "faster_cascades")
+    world.attach(drafter)  # a drafter reading the target's hidden states: the pre-fill forward hands them over
     deferral_rounds(world, drafter, cfg)
     return world.result("faster_cascades", drafter.stats(), t0)

@@ -26,6 +26,12 @@ pure function :func:`~viasd.core.tiers.route_levels`. One round:
 each with its own mask and bands; a position climbs it until a verifier accepts or rewrites it, else the target
 decides (:class:`VerifierConfig`; the ``verifier{j}/*`` counters). Without a list, ``slim`` is the one verifier.
 
+**A drafter reading the target's hidden states** (``drafter=eagle``; ``needs_hidden``): the target runs its own
+forward (no shared prefix) and hands the drafter its last-layer hidden states of committed positions, once and in
+order (:class:`~viasd.engine.world.LiveWorld`): tier-1/2 tokens reach the target only at the next escalation, whose
+forward returns their states too; until then the drafter drafts past them on its own predicted features
+(``docs/eagle.md`` "Decoding"). Live decoding only: replay has no hidden states.
+
 **Other gates** (``gate``, ``docs/method.md §3b``): ``learned`` replaces the bands by a trained model's
 probability that the slim verifier's token is the target's (:mod:`viasd.core.gate`, a file of
 ``experiments.train_gate`` at ``gate_path``: trust it at ``≥ gate_threshold``, else escalate);
@@ -55,6 +61,7 @@ contradicts (``audit/*``). It costs head rows (``audit/rows``), never extra toke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -76,7 +83,7 @@ from viasd.core.tiers import (
     route_levels,
 )
 from viasd.dimr.masks import SPACES, slim_stream, verifier_streams
-from viasd.engine.drafters import DrafterConfig, make_drafter, refuse_hidden
+from viasd.engine.drafters import DrafterConfig, make_drafter
 from viasd.engine.gate_file import load_gate
 from viasd.engine.result import Counters, DecodeResult, RoundRecord
 from viasd.engine.rounds import Audit, count_round, round_tokens, token_tiers
@@ -207,11 +214,13 @@ def escalate(full, block: torch.Tensor, y: torch.Tensor, p: torch.Tensor, route,
              committed: list[int], audit: Audit | None, c: Counters, gen, rng) -> tuple[int, int, list[int] | None]:
     """Tier 3: the full model verifies ``y[route.verify_from:]`` of ``block`` ``[1, L]`` as in ``sd`` (and
     audits the unverified tokens' rows when ``audit`` is given); ``committed``: the committed tokens on
-    the host. Returns ``(accepted, token, y on the host if read)``. Greedy: one host read."""
+    the host; ``full``: scores ``(block, last, host) → [1, last, V]`` (the live world's
+    :meth:`~viasd.engine.world.LiveWorld.score`: the target's stream, keeping its hidden states for a drafter
+    that reads them). Returns ``(accepted, token, y on the host if read)``. Greedy: one host read."""
     k, start = y.shape[0], route.verify_from
     audited = audit.rows(start) if audit is not None else 0  # the free audit: rows of the unverified tokens too
     known = committed + y_host if y_host is not None else committed
-    logits = full.logits(block, last=k - start + 1 + audited, host=known)[0]
+    logits = full(block, k - start + 1 + audited, known)[0]
     q = probs_from_logits(logits[audited:], gen)
     if gen.temperature == 0:
         parts = [logits[:audited].argmax(-1), verify_greedy(y[start:], q)] + ([y] if y_host is None else [])
@@ -273,8 +282,8 @@ class LiveVerifiers(LiveWorld):
     first; one verifier shares the sub-layers before its mask's first skipped one with the target);
     ``gate``: a learned gate (``None``: the bands)."""
 
-    def __init__(self, pair, prompt_ids, gen, rng, full, slims: list, cfg: VIASDConfig, gate=None):
-        super().__init__(pair, prompt_ids, gen, rng, target=full)
+    def __init__(self, pair, prompt_ids, gen, rng, full, slims: list, cfg: VIASDConfig, gate=None, drafter=None):
+        super().__init__(pair, prompt_ids, gen, rng, drafter, target=full)
         self.slims, self.cfg, self.gate = slims, cfg, gate
         self.knobs, self.bands = cfg.route_knobs(), cfg.bands()
 
@@ -312,7 +321,7 @@ class LiveVerifiers(LiveWorld):
         return route
 
     def escalate(self, proposal, route, y_host: list[int] | None, audit: Audit | None):
-        return escalate(self.target, self._block(proposal), proposal.tokens, proposal.probs, route, y_host,
+        return escalate(self.score, self._block(proposal), proposal.tokens, proposal.probs, route, y_host,
                         self.out.ids, audit, self.counters, self.gen, self.rng)
 
     def host(self, proposal) -> list[int]:
@@ -327,16 +336,15 @@ class LiveVerifiers(LiveWorld):
 def via_sd(pair, prompt_ids, cfg: VIASDConfig, gen, rng) -> DecodeResult:
     """VIA-SD decoding of one prompt ``[1, P]``; returns a :class:`DecodeResult` with tier counters."""
     t0 = time.perf_counter()
-    full, slims = verifiers(pair, prompt_ids, cfg)
     drafter = make_drafter(pair, prompt_ids, cfg.drafter)
-    refuse_hidden(drafter, "via_sd")
+    full, slims = verifiers(pair, prompt_ids, cfg, own_forward=drafter.needs_hidden)
     if cfg.gate == "oracle":
         raise ConfigError("method.gate=oracle is replay-only (it reads the target's tokens from a trace): "
                           "`python -m experiments.replay run=<ar run id> method=via_sd method.gate=oracle`")
     gate = load_gate(cfg.gate_path) if cfg.gate == "learned" else None
     if gate is not None:
         gate.check(pair.name, slims[0].plan.layers if slims[0].plan is not None else None)
-    world = LiveVerifiers(pair, prompt_ids, gen, rng, full, slims, cfg, gate)
+    world = LiveVerifiers(pair, prompt_ids, gen, rng, full, slims, cfg, gate, drafter)
     via_rounds(world, drafter, cfg)
     return world.result("via_sd", {**drafter.stats(), **{slim_name(j): s.stats for j, s in enumerate(slims)}}, t0)
 
@@ -347,12 +355,14 @@ def slim_name(j: int) -> str:
     return "slim" if j == 0 else f"slim{j + 1}"
 
 
-def verifiers(pair, prompt_ids: torch.Tensor, cfg: VIASDConfig) -> tuple[Stream, list[Stream]]:
+def verifiers(pair, prompt_ids: torch.Tensor, cfg: VIASDConfig, own_forward: bool = False) -> tuple[Stream, list[Stream]]:
     """The target's stream and the routed verifiers' (cheapest first) for one prompt ``[1, P]``: one verifier
     as :func:`~viasd.dimr.masks.verifier_streams` builds it (a shared prefix); a hierarchy's each with its
-    own cache."""
+    own cache. ``own_forward``: the target runs its own forward (no shared prefix), which a drafter reading its
+    hidden states needs."""
     if not cfg.verifiers:
-        full, slim = verifier_streams(pair, prompt_ids, cfg.slim)
+        slim = dataclasses.replace(cfg.slim, share_prefix=False) if own_forward else cfg.slim
+        full, slim = verifier_streams(pair, prompt_ids, slim)
         return full, [slim]
     return (Stream(pair.target, prompt_ids, "target"),
             [slim_stream(pair, prompt_ids, s) for s in cfg.slims()])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from viasd.analysis.sim import _RNG, HybridSim, ModelSim, build_drafter
+from viasd.analysis.traces import OnEpisode
 from viasd.core.cascade_rules import target_distribution
 from viasd.core.rules import sd_residual
 from viasd.engine.drafters import Proposal
@@ -74,7 +75,7 @@ def greedy_targets(rule: str, alpha: float, y: list[int], z: list[int], p1: list
     return p, torch.nn.functional.one_hot(pi.argmax(-1), len(vocab)).to(pi.dtype), deferred, vocab
 
 
-class DeferralTrace:
+class DeferralTrace(OnEpisode):
     """``faster_cascades``' trace world: the trace side of :func:`~viasd.methods.faster_cascades.deferral_rounds`
     (live: :class:`~viasd.methods.faster_cascades.LiveDeferral`) over an episode ``ep``
     (:class:`~viasd.analysis.traces.Episode`), committing along its trajectory.
@@ -103,18 +104,6 @@ class DeferralTrace:
         """Read the traced rows behind ``drafter``'s model tokens (none for a lookup drafter)."""
         rows = _draft_rows(drafter)
         self.p_max = rows.max_prob(1.0) if rows is not None else None
-
-    @property
-    def done(self) -> bool:
-        return self.ep.done
-
-    @property
-    def remaining(self) -> int:
-        return self.ep.remaining
-
-    @property
-    def counters(self):
-        return self.ep.c
 
     def propose(self, drafter, k: int, min_confidence: float) -> Proposal:
         y, self.sources = drafter.propose(self.ep.t, [], k, min_confidence)

@@ -187,3 +187,23 @@ class Episode:
 
 
 # ----------------------------------------------------------------------------- policies
+
+
+class OnEpisode:
+    """A trace world whose run state is its :class:`Episode` ``ep``: ``done``, ``remaining`` and the
+    counters are the episode's (the trace worlds of :mod:`viasd.analysis.verifiers` and
+    :mod:`viasd.analysis.deferral`)."""
+
+    ep: Episode
+
+    @property
+    def done(self) -> bool:
+        return self.ep.done
+
+    @property
+    def remaining(self) -> int:
+        return self.ep.remaining
+
+    @property
+    def counters(self) -> Counters:
+        return self.ep.c

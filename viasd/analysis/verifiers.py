@@ -14,11 +14,10 @@ from typing import Any
 from viasd.analysis.gates import check_gate, learned_values, oracle_values
 from viasd.analysis.sim import Model, greedy_verify
 from viasd.analysis.trace import layers_key, slim_key
-from viasd.analysis.traces import Episode
+from viasd.analysis.traces import Episode, OnEpisode
 from viasd.core.tiers import END, ESCALATE, Level, escalate_at_once, route_levels
 from viasd.engine.drafters import Proposal
 from viasd.engine.gate_file import load_gate
-from viasd.engine.result import Counters
 from viasd.engine.rounds import Audit, token_tiers
 from viasd.methods.via_sd import slim_name
 
@@ -79,7 +78,7 @@ def _resume_price(ep: Episode, cfg, meta: dict[str, Any]):
     return ep.cost.pricer("target", n - int(first))
 
 
-class VerifiersTrace:
+class VerifiersTrace(OnEpisode):
     """VIA-SD's replay world: an :class:`Episode` plus the routed verifiers' traces (cheapest first), priced
     streams and gate — the trace side of :func:`~viasd.methods.via_sd.via_rounds` (live:
     :class:`~viasd.methods.via_sd.LiveVerifiers`)."""
@@ -107,18 +106,6 @@ class VerifiersTrace:
             check_gate(self.gate, ep.traces, self.spec)
         self.sources: list = []
         self.slim_ran = False
-
-    @property
-    def done(self) -> bool:
-        return self.ep.done
-
-    @property
-    def remaining(self) -> int:
-        return self.ep.remaining
-
-    @property
-    def counters(self) -> Counters:
-        return self.ep.c
 
     def propose(self, drafter, k: int, min_confidence: float) -> Proposal:
         y, self.sources = drafter.propose(self.ep.t, [], k, min_confidence)

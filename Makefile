@@ -1,7 +1,7 @@
 # Set-up and the two everyday commands on a fresh Linux machine with only Python 3 and make:
 #
 #   make run     # create .venv if missing, install the project, run the main job (ar vs sd_ngram)
-#   make test    # same set-up, then the test suite (what .ci/run runs; ~18 min on 2 free cores)
+#   make test    # same set-up, then the test suite (what .ci/run runs; ~13 min on 2 free cores)
 #   make test-quick  # a subset of fast test files (QUICK_TESTS: the acceptance rules, methods, store, config
 #                    # checks), a few minutes
 #   make report  # python -m experiments.report $(ARGS) inside .venv (tables and figures from the run stores)
@@ -62,7 +62,7 @@ run: $(STAMP)
 	$(VPY) -m experiments.run $(if $(strip $(ARGS)),$(ARGS),+exp=main)
 
 test: $(STAMP)
-	@echo "[make] the test suite: ~18 min on 2 free cores (longer on a loaded machine; \`make test-quick\`: a few minutes)"
+	@echo "[make] the test suite: ~13 min on 2 free cores (longer on a loaded machine; \`make test-quick\`: a few minutes)"
 	WANDB_MODE=disabled $(VPY) -m pytest $(PYTEST_PROGRESS) $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
